@@ -1,0 +1,27 @@
+"""The NumPy reference backend: every op in the table, written for clarity and exactness.
+
+It is the ground truth of the conformance suite and the scheduler's fallback. It is
+registered through the ``prism.backends`` entry point like any third-party backend
+and uses only ``prism_core``'s public interface.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import prism_core
+
+from .kernels import KERNELS
+
+
+class NumpyBackend(prism_core.Backend):
+    name = "numpy"
+    version = f"{prism_core.__version__}+numpy{np.__version__}"
+    priority = 10
+    is_reference = True
+    kernels = KERNELS
+
+
+@prism_core.hookimpl
+def prism_register_backends() -> list[prism_core.Backend]:
+    return [NumpyBackend()]

@@ -1,0 +1,380 @@
+"""Reference kernels. Each takes the node and writes its result into the node's memory.
+
+Arrays are 4-dim in NumPy order (ne3, ne2, ne1, ne0). Float math is done in float64
+and rounded once to the result type, so the reference is at least as exact as any
+float32 kernel it certifies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from prism_core import Tensor, UnaryOp
+from prism_core.errors import InvalidArgument
+from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
+
+KERNELS: dict[str, Callable[[Tensor], None]] = {}
+
+
+def kernel(*keys: str):
+    def deco(f):
+        for k in keys:
+            KERNELS[k] = f
+        return f
+    return deco
+
+
+def val(t: Tensor) -> np.ndarray:
+    """Values of ``t`` as a 4-dim array: float64 for float types, int64 for integers."""
+    h = t.host()
+    if t.type in (F32, F16, BF16, F64):
+        return to_f32(h, t.type).astype(np.float64) if t.type != F64 else h.astype(np.float64)
+    return h.astype(np.int64)
+
+
+def store(node: Tensor, values: np.ndarray) -> None:
+    full = tuple(reversed(node.ne))
+    node.host()[...] = from_f32(np.broadcast_to(values, full), node.type)
+
+
+def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """ggml's modulo broadcast: b repeated along each dim until it has ``shape``."""
+    return np.tile(b, tuple(s // n for s, n in zip(shape, b.shape)))
+
+
+def repeat_blocks(a: np.ndarray, shape01: tuple[int, int]) -> np.ndarray:
+    """mul_mat/out_prod's block broadcast of a's dims 3, 2 (NumPy axes 0, 1): each
+    a matrix serves a run of consecutive b matrices."""
+    return np.repeat(np.repeat(a, shape01[0] // a.shape[0], axis=0), shape01[1] // a.shape[1], axis=1)
+
+
+# ---------------------------------------------------------------- copies
+@kernel("DUP")
+def _dup(n: Tensor) -> None:
+    n.host()[...] = n.src[0].host()
+
+
+@kernel("CPY", "CONT")
+def _cpy(n: Tensor) -> None:
+    a = n.src[0]
+    flat = np.ascontiguousarray(a.host()).reshape(-1)  # logical row-major order
+    if a.type == n.type:
+        n.host()[...] = flat.reshape(n.host().shape)
+        return
+    values = to_f32(flat, a.type) if a.type == BF16 else flat
+    n.host()[...] = from_f32(values, n.type).reshape(n.host().shape)
+
+
+# ---------------------------------------------------------------- elementwise
+_BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}
+
+
+@kernel(*_BINARY)
+def _binary(n: Tensor) -> None:
+    a, b = val(n.src[0]), val(n.src[1])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        store(n, _BINARY[n.opdef.key](a, tile_to(b, a.shape)))
+
+
+@kernel("ADD1")
+def _add1(n: Tensor) -> None:
+    store(n, val(n.src[0]) + val(n.src[1]).reshape(-1)[0])
+
+
+def _region(n: Tensor, b: Tensor) -> np.ndarray:
+    p = n.params
+    ts = n.traits.type_size
+    return np.ndarray(shape=tuple(reversed(b.ne)), dtype=n.traits.host_dtype, buffer=n.storage(),
+                      offset=n.view_offs + p["offset"], strides=(p["nb3"], p["nb2"], p["nb1"], ts))
+
+
+@kernel("ACC")
+def _acc(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    base = val(a)  # read before writing: in place, n and a share memory
+    n.host()[...] = from_f32(base, n.type)
+    region = _region(n, b)
+    region[...] = from_f32(region.astype(np.float64) + val(b), n.type)
+
+
+@kernel("SET")
+def _set(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    n.host()[...] = a.host().copy()
+    _region(n, b)[...] = b.host()
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+def _xielu(x: np.ndarray, p) -> np.ndarray:
+    an = p["beta"] + _softplus(np.float64(p["alpha_n"]))
+    ap = _softplus(np.float64(p["alpha_p"]))
+    neg = (np.expm1(np.minimum(x, p["eps"])) - x) * an + p["beta"] * x
+    return np.where(x > 0, ap * x * x + p["beta"] * x, neg)
+
+
+U = UnaryOp
+_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    U.ABS.name: np.abs, U.SGN.name: np.sign, U.NEG.name: np.negative,
+    U.STEP.name: lambda x: (x > 0).astype(np.float64), U.TANH.name: np.tanh,
+    U.ELU.name: lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+    U.RELU.name: lambda x: np.maximum(x, 0), U.SIGMOID.name: _sigmoid, U.GELU.name: _gelu,
+    U.GELU_QUICK.name: lambda x: x * _sigmoid(1.702 * x), U.SILU.name: lambda x: x * _sigmoid(x),
+    U.HARDSWISH.name: lambda x: x * np.clip((x + 3) / 6, 0, 1),
+    U.HARDSIGMOID.name: lambda x: np.clip((x + 3) / 6, 0, 1),
+    U.EXP.name: np.exp, U.EXPM1.name: np.expm1, U.SOFTPLUS.name: _softplus,
+    U.GELU_ERF.name: lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64)),
+    U.FLOOR.name: np.floor, U.CEIL.name: np.ceil, U.ROUND.name: _round_half_away, U.TRUNC.name: np.trunc,
+    "SQR": np.square, "SQRT": np.sqrt, "LOG": np.log, "SIN": np.sin, "COS": np.cos,
+}
+
+
+@kernel(*_UNARY)
+def _unary(n: Tensor) -> None:
+    with np.errstate(all="ignore"):
+        store(n, _UNARY[n.opdef.key](val(n.src[0])))
+
+
+@kernel("XIELU")
+def _xielu_kernel(n: Tensor) -> None:
+    with np.errstate(over="ignore"):
+        store(n, _xielu(val(n.src[0]), n.params))
+
+
+@kernel("SCALE")
+def _scale(n: Tensor) -> None:
+    store(n, val(n.src[0]) * n.params["s"] + n.params["b"])
+
+
+@kernel("CLAMP")
+def _clamp(n: Tensor) -> None:
+    store(n, np.clip(val(n.src[0]), n.params["min"], n.params["max"]))
+
+
+@kernel("LEAKY_RELU")
+def _leaky_relu(n: Tensor) -> None:
+    x = val(n.src[0])
+    store(n, np.maximum(x, 0) + n.params["negative_slope"] * np.minimum(x, 0))
+
+
+@kernel("SILU_BACK")
+def _silu_back(n: Tensor) -> None:
+    g, x = val(n.src[0]), val(n.src[1])
+    s = _sigmoid(x)
+    store(n, g * s * (1 + x * (1 - s)))
+
+
+# ---------------------------------------------------------------- reductions
+@kernel("SUM")
+def _sum(n: Tensor) -> None:
+    store(n, val(n.src[0]).sum())
+
+
+@kernel("SUM_ROWS")
+def _sum_rows(n: Tensor) -> None:
+    store(n, val(n.src[0]).sum(axis=-1, keepdims=True))
+
+
+@kernel("MEAN")
+def _mean(n: Tensor) -> None:
+    store(n, val(n.src[0]).mean(axis=-1, keepdims=True))
+
+
+@kernel("ARGMAX")
+def _argmax(n: Tensor) -> None:
+    x = val(n.src[0])[0, 0]  # a matrix: (ne1, ne0)
+    last = x.shape[1] - 1 - np.argmax(x[:, ::-1], axis=1)  # ties: the last index wins, as ggml's CPU
+    n.host()[...] = last.astype(np.int32).reshape(n.host().shape)
+
+
+@kernel("COUNT_EQUAL")
+def _count_equal(n: Tensor) -> None:
+    n.host()[...] = np.int64(np.count_nonzero(n.src[0].host() == n.src[1].host()))
+
+
+@kernel("REPEAT")
+def _repeat(n: Tensor) -> None:
+    n.host()[...] = tile_to(n.src[0].host(), n.host().shape)
+
+
+@kernel("REPEAT_BACK")
+def _repeat_back(n: Tensor) -> None:
+    a = val(n.src[0])
+    small = n.host().shape
+    split = []
+    for big, s in zip(a.shape, small):
+        split += [big // s, s]  # index = tile * s + j, so tiles are the outer factor
+    store(n, a.reshape(split).sum(axis=(0, 2, 4, 6)))
+
+
+# ---------------------------------------------------------------- normalisation
+@kernel("NORM")
+def _norm(n: Tensor) -> None:
+    x = val(n.src[0])
+    c = x - x.mean(axis=-1, keepdims=True)
+    store(n, c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + n.params["eps"]))
+
+
+@kernel("RMS_NORM")
+def _rms_norm(n: Tensor) -> None:
+    x = val(n.src[0])
+    store(n, x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + n.params["eps"]))
+
+
+@kernel("RMS_NORM_BACK")
+def _rms_norm_back(n: Tensor) -> None:
+    dz, x = val(n.src[0]), val(n.src[1])
+    eps, ne0 = n.params["eps"], x.shape[-1]
+    sum_xx = (x * x).sum(axis=-1, keepdims=True)
+    sum_xdz = (x * dz).sum(axis=-1, keepdims=True)
+    rrms = 1.0 / np.sqrt(sum_xx / ne0 + eps)
+    store(n, (dz - x * sum_xdz / (sum_xx + ne0 * eps)) * rrms)
+
+
+# ---------------------------------------------------------------- matrices
+@kernel("MUL_MAT")
+def _mul_mat(n: Tensor) -> None:
+    a, b = val(n.src[0]), val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
+    store(n, b @ np.swapaxes(repeat_blocks(a, b.shape[:2]), -1, -2))
+
+
+@kernel("OUT_PROD")
+def _out_prod(n: Tensor) -> None:
+    a, b = val(n.src[0]), val(n.src[1])  # a (A3, A2, T, I), b (B3, B2, T, J)
+    store(n, np.swapaxes(b, -1, -2) @ repeat_blocks(a, b.shape[:2]))
+
+
+# ---------------------------------------------------------------- indexing and masks
+@kernel("GET_ROWS")
+def _get_rows(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    idx = b.host()[0]  # (A3, A2, m)
+    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
+        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
+                              f"min {idx.min()}, max {idx.max()}")
+    src = val(a) if a.type != n.type or a.type != F32 else a.host()
+    out = np.empty(n.host().shape, dtype=src.dtype)
+    for k in range(a.ne[3]):
+        for j in range(a.ne[2]):
+            out[k, j] = src[k, j, idx[k, j]]
+    store(n, out) if out.dtype == np.float64 else n.host().__setitem__(..., out)
+
+
+@kernel("GET_ROWS_BACK")
+def _get_rows_back(n: Tensor) -> None:
+    grad, idx = val(n.src[0])[0, 0], n.src[1].host().reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
+        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    out = np.zeros((n.ne[1], n.ne[0]))
+    np.add.at(out, idx, grad)
+    store(n, out)
+
+
+def _upper_mask(n: Tensor) -> np.ndarray:
+    rows = np.arange(n.ne[1])[:, None]
+    cols = np.arange(n.ne[0])[None, :]
+    return cols > n.params["n_past"] + rows
+
+
+@kernel("DIAG_MASK_INF", "DIAG_MASK_ZERO")
+def _diag_mask(n: Tensor) -> None:
+    fill = -np.inf if n.opdef.key == "DIAG_MASK_INF" else 0.0
+    store(n, np.where(_upper_mask(n), fill, val(n.src[0])))
+
+
+# ---------------------------------------------------------------- softmax and loss
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """Per-head ALiBi slopes as ggml computes them (all 1 when max_bias is 0)."""
+    if max_bias <= 0:
+        return np.ones(n_head)
+    n_log2 = 2 ** math.floor(math.log2(n_head))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-max_bias / 2 / n_log2)
+    h = np.arange(n_head)
+    return np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1))
+
+
+@kernel("SOFT_MAX")
+def _soft_max(n: Tensor) -> None:
+    a, mask, sinks = n.src[0], n.src[1] if len(n.src) > 1 else None, n.src[2] if len(n.src) > 2 else None
+    x = val(a) * n.params["scale"]
+    if mask is not None:
+        m = val(mask)[:, :, : a.ne[1], :]
+        slope = alibi_slopes(a.ne[2], n.params["max_bias"]).reshape(1, -1, 1, 1)
+        x = x + slope * tile_to(m, x.shape)
+    mx = x.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        s = val(sinks).reshape(-1)[None, :, None, None]
+        mx = np.maximum(mx, s)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - mx)
+        den = e.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(s - mx)
+        store(n, e / den)
+
+
+@kernel("SOFT_MAX_BACK")
+def _soft_max_back(n: Tensor) -> None:
+    dy, y = val(n.src[0]), val(n.src[1])
+    store(n, n.params["scale"] * y * (dy - (y * dy).sum(axis=-1, keepdims=True)))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+@kernel("CROSS_ENTROPY_LOSS")
+def _cross_entropy_loss(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    store(n, -(val(b) * _log_softmax(val(a))).sum() / a.nrows)
+
+
+@kernel("CROSS_ENTROPY_LOSS_BACK")
+def _cross_entropy_loss_back(n: Tensor) -> None:
+    g, a, b = val(n.src[0]).reshape(-1)[0], val(n.src[1]), val(n.src[2])
+    store(n, (np.exp(_log_softmax(a)) - b) * g / n.src[1].nrows)
+
+
+# ---------------------------------------------------------------- optimizer steps
+@kernel("OPT_STEP_ADAMW")
+def _adamw(n: Tensor) -> None:
+    a, g, m_t, v_t, p_t = n.src
+    alpha, beta1, beta2, eps, wd, beta1h, beta2h = val(p_t).reshape(-1)
+    g = val(g)
+    m = beta1 * val(m_t) + (1 - beta1) * g
+    v = beta2 * val(v_t) + (1 - beta2) * g * g
+    w = val(a) * (1 - alpha * wd) - alpha * (m * beta1h) / (np.sqrt(v * beta2h) + eps)
+    store(m_t, m)
+    store(v_t, v)
+    store(n, w)
+
+
+@kernel("OPT_STEP_SGD")
+def _sgd(n: Tensor) -> None:
+    a, g, p_t = n.src
+    alpha, wd = val(p_t).reshape(-1)
+    store(n, val(a) * (1 - alpha * wd) - alpha * val(g))

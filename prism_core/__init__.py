@@ -1,0 +1,34 @@
+"""Prism: ggml's tensor-compute semantics in Python, with swappable kernel backends.
+
+Quick start::
+
+    import numpy as np
+    import prism_core as pc
+
+    ctx = pc.Context()
+    w = ctx.from_numpy(np.ones((3, 4), np.float32))    # NumPy order: 3 rows of 4
+    x = ctx.from_numpy(np.arange(8, dtype=np.float32).reshape(2, 4))
+    y = pc.mul_mat(w, x)                                # ggml convention: x @ w.T
+    pc.compute(y)                                       # best available backend
+    print(y.numpy())                                    # shape (2, 3)
+"""
+
+from __future__ import annotations
+
+from . import build, ops, optable, types
+from .backend import Backend, Kernel
+from .build import *  # noqa: F403 - the graph-building functions are the public API
+from .build import node
+from .context import Context
+from .errors import (BackendUnavailable, BoundExceeded, InvalidArgument, PluginError, PrismError,
+                     ShapeMismatch, TypeMismatch, UnknownBackend, Unsupported)
+from .graph import Graph, build_forward
+from .hookspecs import INTERFACE_VERSION, hookimpl
+from .ops import GluOp, Op, UnaryOp
+from .optable import OPS, OpDef, opdef
+from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
+from .schedule import ComputeReport, compute
+from .tensor import Flag, Tensor
+from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType
+
+__version__ = "0.1.0"

@@ -1,0 +1,51 @@
+"""The base class of every backend (the contract plugins implement).
+
+A backend computes graph nodes on host NumPy memory. It declares its kernels in
+``kernels`` (op-table key -> callable taking the node); the default :meth:`supports`
+accepts a node when a kernel exists for its key and every source type is one the
+kernel's op accepts in the op table (narrow it by overriding ``supports``). Optional
+capabilities (threads, a whole-graph compiler) are optional members with defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import ClassVar
+
+from .errors import Unsupported
+from .hookspecs import INTERFACE_VERSION
+from .tensor import Tensor
+
+Kernel = Callable[[Tensor], None]
+
+
+class Backend:
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    priority: ClassVar[int] = 0  # higher wins when no backend is named
+    device: ClassVar[str] = "cpu"
+    interface_version: ClassVar[int] = INTERFACE_VERSION
+    is_reference: ClassVar[bool] = False  # the ground truth that others fall back to
+    kernels: Mapping[str, Kernel] = {}
+
+    def availability(self) -> tuple[bool, str]:
+        """(usable here, reason when not)."""
+        return True, ""
+
+    @property
+    def threads(self) -> int:
+        return 1
+
+    def supports(self, node: Tensor) -> bool:
+        d = node.opdef
+        return d is not None and d.key in self.kernels
+
+    def compute(self, node: Tensor) -> None:
+        """Compute one node, writing into its memory. Raises Unsupported if it cannot."""
+        kernel = self.kernels.get(node.opdef.key) if node.opdef is not None else None
+        if kernel is None:
+            raise Unsupported(f"backend {self.name!r} has no kernel for {node.label}")
+        kernel(node)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name} {self.version}>"

@@ -1,0 +1,146 @@
+"""A context creates tensors within a memory budget (ggml_init / ggml_new_tensor).
+
+The budget counts what ggml's arena would: each tensor's metadata overhead plus,
+for tensors that own memory, their bytes rounded up to the alignment. The check
+happens before anything is stored, so a refused tensor leaves the context as it was.
+Host memory is allocated lazily, on a tensor's first data access.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import BoundExceeded, InvalidArgument
+from .tensor import Tensor, check_name, check_ne, contiguous_strides
+from .types import GGMLType, as_type, from_numpy_dtype, traits
+
+TENSOR_OVERHEAD = 368  # bytes of metadata per tensor in ggml's arena (ggml_tensor_overhead)
+MEM_ALIGN = 16
+DEFAULT_MEM_SIZE = 1 << 30
+
+
+def _align(n: int) -> int:
+    return (n + MEM_ALIGN - 1) // MEM_ALIGN * MEM_ALIGN
+
+
+class Context:
+    """Owns tensors and their host memory, within ``mem_size`` bytes.
+
+    ``guard_bytes`` > 0 surrounds every allocation with that many bytes of a known
+    pattern, which :meth:`check_guards` verifies (the conformance suite uses it to
+    catch kernels that write outside their output).
+    """
+
+    GUARD_PATTERN = 0xA5
+
+    def __init__(self, mem_size: int = DEFAULT_MEM_SIZE, *, guard_bytes: int = 0) -> None:
+        if isinstance(mem_size, bool) or not isinstance(mem_size, (int, np.integer)) or mem_size <= 0:
+            raise InvalidArgument(f"Context: mem_size must be a positive int of bytes, got {mem_size!r}")
+        if guard_bytes < 0:
+            raise InvalidArgument(f"Context: guard_bytes must be >= 0, got {guard_bytes}")
+        self.mem_size = int(mem_size)
+        self.guard_bytes = int(guard_bytes)
+        self.used = 0
+        self.tensors: list[Tensor] = []
+        self._raw: dict[int, np.ndarray] = {}  # id(base tensor) -> buffer with guards
+
+    # ---------------------------------------------------------- creation
+    def cost(self, t: GGMLType, ne: tuple[int, ...], *, owns_memory: bool) -> int:
+        nbytes = traits(t).type_size * (ne[0] // traits(t).blck_size) * ne[1] * ne[2] * ne[3]
+        return TENSOR_OVERHEAD + (_align(nbytes) if owns_memory else 0)
+
+    def _admit(self, tensor: Tensor, cost: int) -> Tensor:
+        if self.used + cost > self.mem_size:
+            raise BoundExceeded(f"context memory budget exceeded: {tensor.label} needs {cost} bytes, "
+                                f"{self.mem_size - self.used} of {self.mem_size} are left")
+        self.used += cost
+        self.tensors.append(tensor)
+        return tensor
+
+    def new_tensor(self, type: GGMLType | int | str, ne: Any, name: str = "") -> Tensor:
+        """A new zero-filled tensor. ``ne`` is in ggml order (innermost first)."""
+        t = as_type(type)
+        full = check_ne(ne)
+        tr = traits(t)
+        if full[0] % tr.blck_size:
+            raise InvalidArgument(f"ne[0]={full[0]} must be a multiple of {tr.name}'s block size {tr.blck_size}")
+        tensor = Tensor(self, t, full, contiguous_strides(t, full), name=check_name(name))
+        return self._admit(tensor, self.cost(t, full, owns_memory=True))
+
+    def new_tensor_1d(self, type: GGMLType | int | str, ne0: int, name: str = "") -> Tensor:
+        return self.new_tensor(type, (ne0,), name)
+
+    def new_tensor_2d(self, type: GGMLType | int | str, ne0: int, ne1: int, name: str = "") -> Tensor:
+        return self.new_tensor(type, (ne0, ne1), name)
+
+    def new_tensor_3d(self, type: GGMLType | int | str, ne0: int, ne1: int, ne2: int, name: str = "") -> Tensor:
+        return self.new_tensor(type, (ne0, ne1, ne2), name)
+
+    def new_tensor_4d(self, type: GGMLType | int | str, ne0: int, ne1: int, ne2: int, ne3: int,
+                      name: str = "") -> Tensor:
+        return self.new_tensor(type, (ne0, ne1, ne2, ne3), name)
+
+    def from_numpy(self, array: Any, type: GGMLType | int | str | None = None, name: str = "") -> Tensor:
+        """A new tensor holding ``array`` (NumPy order, at most 4 dims); the type is
+        taken from the array's dtype unless given (float64 arrays become F32 by default)."""
+        arr = np.asarray(array)
+        if arr.ndim > 4:
+            raise BoundExceeded(f"from_numpy: array has {arr.ndim} dims; Prism tensors have at most 4")
+        if type is None:
+            t = GGMLType.F32 if arr.dtype == np.float64 else from_numpy_dtype(arr.dtype)
+        else:
+            t = as_type(type)
+        ne = tuple(reversed(arr.shape)) or (1,)
+        tensor = self.new_tensor(t, ne, name)
+        try:
+            tensor.set(arr.reshape(tensor.shape) if arr.ndim else arr)
+        except Exception:
+            self._forget(tensor)
+            raise
+        return tensor
+
+    def new_view(self, src: Tensor, type: GGMLType, ne: tuple[int, int, int, int],
+                 nb: tuple[int, int, int, int], offset: int) -> Tensor:
+        """A tensor sharing ``src``'s memory (used by view ops and in-place results)."""
+        view = Tensor(self, type, ne, nb, view_src=src, view_offs=offset)
+        base = view.base
+        end = view.view_offs + view.nbytes
+        if view.view_offs < 0 or end > base.nbytes:
+            raise BoundExceeded(f"view of {src.label} spans bytes [{view.view_offs}, {end}) "
+                                f"but its storage has {base.nbytes} bytes")
+        return self._admit(view, self.cost(type, ne, owns_memory=False))
+
+    def _forget(self, tensor: Tensor) -> None:
+        """Undo the most recent admission (used to roll back a failed construction)."""
+        assert self.tensors and self.tensors[-1] is tensor
+        self.tensors.pop()
+        self.used -= self.cost(tensor.type, tensor.ne, owns_memory=tensor.view_src is None)
+        self._raw.pop(id(tensor), None)
+
+    # ------------------------------------------------------------ memory
+    def _allocate(self, base: Tensor) -> np.ndarray:
+        n = base.nbytes
+        g = self.guard_bytes
+        raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        if g:
+            raw[:g] = self.GUARD_PATTERN
+            raw[g + n:] = self.GUARD_PATTERN
+        self._raw[id(base)] = raw
+        return raw[g:g + n]
+
+    def check_guards(self) -> list[Tensor]:
+        """Tensors whose guard bytes were overwritten (empty when all are intact)."""
+        g = self.guard_bytes
+        if not g:
+            return []
+        bad = []
+        for t in self.tensors:
+            raw = self._raw.get(id(t))
+            if raw is not None and (np.any(raw[:g] != self.GUARD_PATTERN) or np.any(raw[-g:] != self.GUARD_PATTERN)):
+                bad.append(t)
+        return bad
+
+    def __repr__(self) -> str:
+        return f"Context({len(self.tensors)} tensors, {self.used}/{self.mem_size} bytes)"

@@ -1,0 +1,43 @@
+"""Prism's error hierarchy: one root, each subclass also the matching builtin.
+
+Catching ``ValueError`` or ``NotImplementedError`` keeps working for callers that
+do not know Prism; catching ``PrismError`` catches everything Prism raises on purpose.
+"""
+
+from __future__ import annotations
+
+
+class PrismError(Exception):
+    """Root of every error Prism raises on purpose."""
+
+
+class InvalidArgument(PrismError, ValueError):
+    """An argument (shape, param, name, flag...) is not acceptable."""
+
+
+class ShapeMismatch(InvalidArgument):
+    """Tensor extents do not satisfy an op's shape rule (e.g. do not broadcast)."""
+
+
+class TypeMismatch(InvalidArgument, TypeError):
+    """A tensor's element type is not accepted where it was given."""
+
+
+class BoundExceeded(InvalidArgument):
+    """A bound was exceeded: memory budget, node capacity, name length, dims."""
+
+
+class Unsupported(PrismError, NotImplementedError):
+    """A backend (or the core) does not implement what was asked."""
+
+
+class BackendUnavailable(PrismError, RuntimeError):
+    """A backend exists but cannot be used here (import failed, no compiler...)."""
+
+
+class UnknownBackend(PrismError, LookupError):
+    """No backend of that name is registered."""
+
+
+class PluginError(PrismError, RuntimeError):
+    """A plugin raised on import or registered something malformed."""

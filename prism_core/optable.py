@@ -1,0 +1,468 @@
+"""The op table: every op Prism implements is declared here, once.
+
+A declaration (:class:`OpDef`) holds the op's key (ggml's ``op_desc``: the op name,
+or the sub-op name for UNARY and GLU), its sources with the types each accepts, its
+parameter schema, its shape/type rule, whether an in-place variant exists, its
+conformance error bound and a one-line formula. The builders (:mod:`prism_core.build`),
+backends' default ``supports``, the conformance suite and ``prism ops`` all read it.
+
+Shapes in rules are ggml order: ``ne[0]`` is the row length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidArgument, ShapeMismatch, TypeMismatch
+from .ops import GluOp, Op, UnaryOp
+from .params import Param
+from .tensor import Flag, Tensor, check_ne, contiguous_strides, nbytes_of
+from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
+
+FLOATS = frozenset({F32, F16, BF16})
+ONLY_F32 = frozenset({F32})
+ANY_PLAIN = PLAIN_TYPES
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Src:
+    name: str
+    types: frozenset[GGMLType]
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Out:
+    """Result metadata of an op that writes a new, contiguous tensor."""
+
+    type: GGMLType
+    ne: tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class ViewOut:
+    """Result metadata of an op whose result shares ``of``'s memory."""
+
+    of: Tensor
+    type: GGMLType
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    offset: int = 0
+
+
+Rule = Callable[["OpDef", Mapping[str, Tensor | None], Mapping[str, Any]], "Out | ViewOut"]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    key: str
+    op: Op
+    srcs: tuple[Src, ...]
+    params: tuple[Param, ...]
+    rule: Rule
+    doc: str
+    inplace: bool = False  # an ``<name>_inplace`` builder exists; its result aliases src 0
+    sub: UnaryOp | GluOp | None = None
+    view_only: bool = False  # result is a view and nothing is computed (RESHAPE, VIEW, ...)
+    nmse: float = 1e-7  # conformance bound on the normalised mean squared error
+    family: str = ""  # groups ops whose conformance cases share a generator
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # params implied by the key (sub-op)
+
+    @property
+    def n_required(self) -> int:
+        return sum(not s.optional for s in self.srcs)
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def define(key: str, op: Op, srcs: tuple[Src, ...], rule: Rule, doc: str, *,
+           params: tuple[Param, ...] = (), **kw: Any) -> OpDef:
+    assert key not in OPS, f"op {key} declared twice"
+    d = OpDef(key, op, srcs, params, rule, doc, **kw)
+    OPS[key] = d
+    return d
+
+
+def opdef(key: str | Op | UnaryOp | GluOp) -> OpDef:
+    """Look an op up by key (``"ADD"``, ``"ABS"``...) or enum member."""
+    name = key.name if isinstance(key, (Op, UnaryOp, GluOp)) else str(key).upper()
+    try:
+        return OPS[name]
+    except KeyError:
+        raise InvalidArgument(f"unknown op {key!r}; the op table has: {', '.join(OPS)}") from None
+
+
+# ------------------------------------------------------------------ rule helpers
+
+def _fail(d: OpDef, msg: str, cls: type[Exception] = ShapeMismatch) -> None:
+    raise cls(f"{d.key}: {msg}")
+
+
+def can_repeat(small: Tensor, big: Tensor) -> bool:
+    """ggml_can_repeat: every extent of ``big`` is a multiple of ``small``'s."""
+    if small.nelements == 0:
+        return big.nelements == 0
+    return all(b % s == 0 for s, b in zip(small.ne, big.ne))
+
+
+def same_as(name: str = "a") -> Rule:
+    def rule(d, s, p):
+        return Out(s[name].type, s[name].ne)
+    return rule
+
+
+def _same_shape(d: OpDef, s: Mapping[str, Tensor | None], *names: str) -> None:
+    first = s[names[0]]
+    for n in names[1:]:
+        if s[n].ne != first.ne:
+            _fail(d, f"{names[0]} has ne={list(first.ne)} but {n} has ne={list(s[n].ne)}; they must be equal")
+
+
+def _rows(a: Tensor) -> tuple[int, int, int, int]:
+    return (1, a.ne[1], a.ne[2], a.ne[3])
+
+
+def _broadcast_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if not can_repeat(b, a):
+        _fail(d, f"b (ne={list(b.ne)}) does not broadcast into a (ne={list(a.ne)}): "
+                 "each of a's extents must be a multiple of b's")
+    return Out(a.type, a.ne)
+
+
+def _add1_rule(d, s, p):
+    if s["b"].nelements != 1:
+        _fail(d, f"b must hold one element, has ne={list(s['b'].ne)}")
+    return Out(s["a"].type, s["a"].ne)
+
+
+_REGION = (Param("nb1", int, min=0), Param("nb2", int, min=0), Param("nb3", int, min=0),
+           Param("offset", int, min=0))
+
+
+def _region_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if d.op == Op.ACC and not a.is_contiguous():
+        _fail(d, "a must be contiguous")
+    if b.nelements > a.nelements:
+        _fail(d, f"b has {b.nelements} elements, more than a's {a.nelements}")
+    ts = traits(a.type).type_size
+    for k in ("nb1", "nb2", "nb3", "offset"):
+        if p[k] % ts:
+            _fail(d, f"{k}={p[k]} is not a multiple of the element size {ts}", InvalidArgument)
+    end = p["offset"] + nbytes_of(a.type, b.ne, (ts, p["nb1"], p["nb2"], p["nb3"]))
+    if end > a.nbytes:
+        _fail(d, f"the region (offset {p['offset']}, strides {p['nb1']}/{p['nb2']}/{p['nb3']}) for b "
+                 f"ne={list(b.ne)} ends at byte {end}, past a's {a.nbytes} bytes", InvalidArgument)
+    return Out(a.type, a.ne)
+
+
+def _set_rule(d, s, p):
+    if s["b"].type != s["a"].type:
+        _fail(d, f"b has type {traits(s['b'].type).name} but a has {traits(s['a'].type).name}", TypeMismatch)
+    return _region_rule(d, s, p)
+
+
+def _argmax_rule(d, s, p):
+    a = s["a"]
+    if a.ne[2] != 1 or a.ne[3] != 1:
+        _fail(d, f"a must be a matrix (ne[2] = ne[3] = 1), has ne={list(a.ne)}")
+    return Out(I32, (a.ne[1], 1, 1, 1))
+
+
+def _count_equal_rule(d, s, p):
+    _same_shape(d, s, "a", "b")
+    return Out(I64, (1, 1, 1, 1))
+
+
+def _repeat_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if not can_repeat(a, b):
+        _fail(d, f"a (ne={list(a.ne)}) cannot be tiled to b's ne={list(b.ne)}: "
+                 "each of b's extents must be a multiple of a's")
+    return Out(a.type, b.ne)
+
+
+def _repeat_back_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if not can_repeat(b, a):
+        _fail(d, f"a (ne={list(a.ne)}) is not a tiling of b's ne={list(b.ne)}: "
+                 "each of a's extents must be a multiple of b's")
+    return Out(a.type, b.ne)
+
+
+def _pair_rule(first: str, second: str) -> Rule:
+    def rule(d, s, p):
+        _same_shape(d, s, first, second)
+        return Out(s[first].type, s[first].ne)
+    return rule
+
+
+def _mul_mat_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if a.ne[0] != b.ne[0]:
+        _fail(d, f"inner extents differ: a.ne[0]={a.ne[0]}, b.ne[0]={b.ne[0]} "
+                 "(ggml convention: result[m, n] = sum_k a[k, m] * b[k, n])")
+    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        _fail(d, f"a's batch dims {a.ne[2:]} must divide b's {b.ne[2:]} (block broadcast)")
+    if a.is_transposed():
+        _fail(d, "a must not be transposed (nb[0] > nb[1]); make it contiguous first", InvalidArgument)
+    return Out(F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
+
+
+def _out_prod_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if a.ne[1] != b.ne[1]:
+        _fail(d, f"a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]} (the summed dim)")
+    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        _fail(d, f"a's batch dims {a.ne[2:]} must divide b's {b.ne[2:]} (block broadcast)")
+    if a.is_transposed():
+        _fail(d, "a must not be transposed (nb[0] > nb[1])", InvalidArgument)
+    return Out(F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]))
+
+
+def _target_ne(d: OpDef, a: Tensor, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
+    full = check_ne(ne, f"{d.key}: ne") if ne else a.ne
+    if math.prod(full) != a.nelements:
+        _fail(d, f"new ne={list(full)} has {math.prod(full)} elements, a has {a.nelements}")
+    return full
+
+
+def _cpy_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if a.nelements != b.nelements:
+        _fail(d, f"a has {a.nelements} elements, the target b has {b.nelements}")
+    return ViewOut(b, b.type, b.ne, b.nb)
+
+
+def _cont_rule(d, s, p):
+    return Out(s["a"].type, _target_ne(d, s["a"], p["ne"]))
+
+
+def _reshape_rule(d, s, p):
+    a = s["a"]
+    if not a.is_contiguous():
+        _fail(d, "a must be contiguous; use cont() first", InvalidArgument)
+    ne = _target_ne(d, a, p["ne"])
+    return ViewOut(a, a.type, ne, contiguous_strides(a.type, ne))
+
+
+def _view_rule(d, s, p):
+    a = s["a"]
+    ne = check_ne(p["ne"], f"{d.key}: ne")
+    if len(p["nb"]) != 3:
+        _fail(d, f"nb must hold the 3 strides nb1, nb2, nb3, got {p['nb']}", InvalidArgument)
+    if any(x < 0 for x in p["nb"]):
+        _fail(d, f"strides must be non-negative, got {p['nb']}", InvalidArgument)
+    nb = (traits(a.type).type_size, *p["nb"])
+    return ViewOut(a, a.type, ne, nb, p["offset"])  # the context checks the view fits in storage
+
+
+def _permute_rule(d, s, p):
+    a, axes = s["a"], p["axes"]
+    if sorted(axes) != [0, 1, 2, 3]:
+        _fail(d, f"axes must be a permutation of 0..3, got {axes}", InvalidArgument)
+    ne, nb = [0] * 4, [0] * 4
+    for k, ax in enumerate(axes):  # source dim k moves to position ax (ggml convention)
+        ne[ax], nb[ax] = a.ne[k], a.nb[k]
+    return ViewOut(a, a.type, tuple(ne), tuple(nb))
+
+
+def _transpose_rule(d, s, p):
+    a = s["a"]
+    return ViewOut(a, a.type, (a.ne[1], a.ne[0], a.ne[2], a.ne[3]), (a.nb[1], a.nb[0], a.nb[2], a.nb[3]))
+
+
+def _get_rows_rule(d, s, p):
+    a, b = s["a"], s["b"]
+    if b.ne[1] != a.ne[2] or b.ne[2] != a.ne[3] or b.ne[3] != 1:
+        _fail(d, f"indices b ne={list(b.ne)} must be [m, a.ne[2]={a.ne[2]}, a.ne[3]={a.ne[3]}, 1]")
+    return Out(I32 if a.type == I32 else F32, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]))
+
+
+def _get_rows_back_rule(d, s, p):
+    a, b, c = s["a"], s["b"], s["c"]
+    if a.ne[2] != 1 or a.ne[3] != 1 or c.ne[2] != 1 or c.ne[3] != 1:
+        _fail(d, f"a (ne={list(a.ne)}) and c (ne={list(c.ne)}) must be matrices")
+    if b.ne[1:] != (1, 1, 1) or b.ne[0] != a.ne[1]:
+        _fail(d, f"indices b must be a vector of a.ne[1]={a.ne[1]} entries, has ne={list(b.ne)}")
+    if a.ne[0] != c.ne[0]:
+        _fail(d, f"row lengths differ: a.ne[0]={a.ne[0]}, c.ne[0]={c.ne[0]}")
+    return Out(F32, (c.ne[0], c.ne[1], 1, 1))
+
+
+def _soft_max_rule(d, s, p):
+    a, mask, sinks = s["a"], s.get("mask"), s.get("sinks")
+    if mask is not None:
+        if not mask.is_contiguous():
+            _fail(d, "mask must be contiguous", InvalidArgument)
+        if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
+            _fail(d, f"mask ne={list(mask.ne)} must have ne[0]={a.ne[0]} and ne[1] >= {a.ne[1]}")
+        if a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
+            _fail(d, f"mask dims 2,3 {mask.ne[2:]} must divide a's {a.ne[2:]}")
+    elif p["max_bias"] > 0:
+        _fail(d, "max_bias > 0 (ALiBi) needs a mask", InvalidArgument)
+    if sinks is not None and (sinks.nelements != a.ne[2] or sinks.ne[0] != a.ne[2]):
+        _fail(d, f"sinks must be a vector of a.ne[2]={a.ne[2]} entries, has ne={list(sinks.ne)}")
+    return Out(F32, a.ne)
+
+
+def _clamp_rule(d, s, p):
+    if p["min"] > p["max"]:
+        _fail(d, f"min={p['min']} is greater than max={p['max']}", InvalidArgument)
+    return Out(s["a"].type, s["a"].ne)
+
+
+def _loss_rule(d, s, p):
+    _same_shape(d, s, "a", "b")
+    return Out(F32, (1, 1, 1, 1))
+
+
+def _loss_back_rule(d, s, p):
+    _same_shape(d, s, "a", "b")
+    if s["grad"].nelements != 1:
+        _fail(d, f"grad must be a scalar, has ne={list(s['grad'].ne)}")
+    return Out(F32, s["a"].ne)
+
+
+def _opt_step_rule(n_params: int, moments: tuple[str, ...]) -> Rule:
+    def rule(d, s, p):
+        a = s["a"]
+        if not a.flags & Flag.PARAM:
+            _fail(d, f"a ({a.label}) must be flagged as a parameter (set_param)", InvalidArgument)
+        _same_shape(d, s, "a", "grad", *moments)
+        if s["params"].nelements != n_params:
+            _fail(d, f"params must hold {n_params} values, has {s['params'].nelements}")
+        return ViewOut(a, a.type, a.ne, a.nb)
+    return rule
+
+
+# ------------------------------------------------------------------ declarations
+A = (Src("a", FLOATS),)
+AB = (Src("a", FLOATS), Src("b", FLOATS))
+EPS = (Param("eps", float, 0.0, min=0.0, doc="added to the variance / mean square"),)
+
+define("DUP", Op.DUP, (Src("a", ANY_PLAIN),), same_as(), "copy of a", inplace=True)
+for _op, _f in ((Op.ADD, "a + b"), (Op.SUB, "a - b"), (Op.MUL, "a * b"), (Op.DIV, "a / b")):
+    define(_op.name, _op, AB, _broadcast_rule, f"{_f}, b broadcast into a by modulo indexing",
+           inplace=True, family="binary")
+define("ADD1", Op.ADD1, AB, _add1_rule, "a + b, b a one-element tensor", inplace=True)
+define("ACC", Op.ACC, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _region_rule,
+       "copy of a with b added into the strided region (nb1, nb2, nb3, offset in bytes)",
+       params=_REGION, inplace=True)
+define("SET", Op.SET, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _set_rule,
+       "copy of a with b written into the strided region (nb1, nb2, nb3, offset in bytes)",
+       params=_REGION, inplace=True)
+for _op, _f in ((Op.SQR, "x^2"), (Op.SQRT, "sqrt(x)"), (Op.LOG, "ln(x)"), (Op.SIN, "sin(x)"),
+                (Op.COS, "cos(x)")):
+    define(_op.name, _op, A, same_as(), _f, inplace=True, family="unary")
+define("SUM", Op.SUM, A, lambda d, s, p: Out(s["a"].type, (1, 1, 1, 1)), "sum of all elements")
+define("SUM_ROWS", Op.SUM_ROWS, A, lambda d, s, p: Out(s["a"].type, _rows(s["a"])), "sum over dim 0")
+define("MEAN", Op.MEAN, A, lambda d, s, p: Out(F32, _rows(s["a"])), "mean over dim 0 (per row)")
+define("ARGMAX", Op.ARGMAX, (Src("a", ONLY_F32),), _argmax_rule,
+       "index of each row's maximum (the last one on ties)", nmse=0.0)
+define("COUNT_EQUAL", Op.COUNT_EQUAL, (Src("a", frozenset({I32})), Src("b", frozenset({I32}))),
+       _count_equal_rule, "number of equal elements of a and b", nmse=0.0)
+define("REPEAT", Op.REPEAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _repeat_rule,
+       "a tiled to b's shape (only b's shape is read)")
+define("REPEAT_BACK", Op.REPEAT_BACK, (Src("a", FLOATS), Src("b", ANY_PLAIN)), _repeat_back_rule,
+       "sum of a's tiles, giving b's shape (adjoint of REPEAT)")
+define("SILU_BACK", Op.SILU_BACK, (Src("grad", FLOATS), Src("x", FLOATS)), _pair_rule("grad", "x"),
+       "grad * s(x) * (1 + x (1 - s(x))), s the logistic sigmoid")
+define("NORM", Op.NORM, (Src("a", ONLY_F32),), same_as(), "(x - mean) / sqrt(var + eps) per row",
+       params=EPS, inplace=True)
+define("RMS_NORM", Op.RMS_NORM, (Src("a", ONLY_F32),), same_as(), "x / sqrt(mean(x^2) + eps) per row",
+       params=EPS, inplace=True)
+define("RMS_NORM_BACK", Op.RMS_NORM_BACK, (Src("dz", ONLY_F32), Src("x", ONLY_F32)), _pair_rule("dz", "x"),
+       "gradient of rms_norm: (dz - x <x,dz>/(sum x^2 + n eps)) / sqrt(mean(x^2) + eps)", params=EPS)
+define("MUL_MAT", Op.MUL_MAT, AB, _mul_mat_rule,
+       "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
+define("OUT_PROD", Op.OUT_PROD, AB, _out_prod_rule,
+       "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
+define("SCALE", Op.SCALE, A, same_as(), "x * s + b",
+       params=(Param("s", float), Param("b", float, 0.0)), inplace=True, family="unary")
+define("CPY", Op.CPY, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _cpy_rule,
+       "a's elements, in row-major order, converted and written into b; the result is b", nmse=1e-6)
+define("CONT", Op.CONT, (Src("a", ANY_PLAIN),), _cont_rule,
+       "contiguous copy of a, optionally with a new shape of equal element count",
+       params=(Param("ne", tuple, ()),))
+define("RESHAPE", Op.RESHAPE, (Src("a", ANY_PLAIN),), _reshape_rule,
+       "view of contiguous a with a new shape", params=(Param("ne", tuple),), view_only=True)
+define("VIEW", Op.VIEW, (Src("a", ANY_PLAIN),), _view_rule,
+       "view of a's memory with extents ne, strides (elem, nb1, nb2, nb3), byte offset",
+       params=(Param("ne", tuple), Param("nb", tuple), Param("offset", int, 0, min=0)), view_only=True)
+define("PERMUTE", Op.PERMUTE, (Src("a", ANY_PLAIN),), _permute_rule,
+       "view with source dim k moved to position axes[k]",
+       params=(Param("axes", tuple, length=4),), view_only=True)
+define("TRANSPOSE", Op.TRANSPOSE, (Src("a", ANY_PLAIN),), _transpose_rule,
+       "view with dims 0 and 1 swapped", view_only=True)
+define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32}), Src("b", frozenset({I32}))), _get_rows_rule,
+       "out[:, i, j, k] = a[:, b[i, j, k], j, k]")
+define("GET_ROWS_BACK", Op.GET_ROWS_BACK,
+       (Src("a", FLOATS), Src("b", frozenset({I32})), Src("c", ANY_PLAIN)), _get_rows_back_rule,
+       "zeros of c's shape with row b[i] += a[:, i] (adjoint of GET_ROWS)")
+for _op, _f in ((Op.DIAG_MASK_INF, "-inf"), (Op.DIAG_MASK_ZERO, "0")):
+    define(_op.name, _op, (Src("a", ONLY_F32),), same_as(),
+           f"element (i, j) of each matrix set to {_f} where column i > n_past + row j",
+           params=(Param("n_past", int, min=INT32_MIN, max=INT32_MAX),), inplace=True)
+define("SOFT_MAX", Op.SOFT_MAX,
+       (Src("a", ONLY_F32), Src("mask", frozenset({F16, F32}), True), Src("sinks", ONLY_F32, True)),
+       _soft_max_rule, "row softmax of a*scale + slope*mask (ALiBi slope from max_bias; optional sinks)",
+       params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), inplace=True, nmse=1e-6)
+define("SOFT_MAX_BACK", Op.SOFT_MAX_BACK, (Src("dy", ONLY_F32), Src("y", ONLY_F32)), _pair_rule("dy", "y"),
+       "scale * y * (dy - <y, dy>) per row",
+       params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), nmse=1e-6)
+define("CLAMP", Op.CLAMP, A, _clamp_rule, "min(max(x, min), max)",
+       params=(Param("min", float), Param("max", float)), inplace=True, family="unary")
+define("LEAKY_RELU", Op.LEAKY_RELU, A, same_as(), "max(x, 0) + negative_slope * min(x, 0)",
+       params=(Param("negative_slope", float),), inplace=True, family="unary")
+
+UNARY_DOCS = {
+    UnaryOp.ABS: "|x|", UnaryOp.SGN: "sign(x), 0 at 0", UnaryOp.NEG: "-x", UnaryOp.STEP: "1 if x > 0 else 0",
+    UnaryOp.TANH: "tanh(x)", UnaryOp.ELU: "x if x > 0 else expm1(x)", UnaryOp.RELU: "max(x, 0)",
+    UnaryOp.SIGMOID: "1 / (1 + exp(-x))",
+    UnaryOp.GELU: "0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))",
+    UnaryOp.GELU_QUICK: "x * sigmoid(1.702 x)", UnaryOp.SILU: "x * sigmoid(x)",
+    UnaryOp.HARDSWISH: "x * clamp((x + 3) / 6, 0, 1)", UnaryOp.HARDSIGMOID: "clamp((x + 3) / 6, 0, 1)",
+    UnaryOp.EXP: "exp(x)", UnaryOp.EXPM1: "exp(x) - 1", UnaryOp.SOFTPLUS: "x if x > 20 else ln(1 + exp(x))",
+    UnaryOp.GELU_ERF: "0.5 x (1 + erf(x / sqrt(2)))",
+    UnaryOp.XIELU: "x > 0: ap x^2 + beta x; else (expm1(min(x, eps)) - x) an + beta x, "
+                   "with ap = softplus(alpha_p), an = beta + softplus(alpha_n)",
+    UnaryOp.FLOOR: "floor(x)", UnaryOp.CEIL: "ceil(x)", UnaryOp.ROUND: "round half away from zero",
+    UnaryOp.TRUNC: "round toward zero",
+}
+XIELU_PARAMS = (Param("alpha_n", float, 0.8), Param("alpha_p", float, 0.8), Param("beta", float, 0.5),
+                Param("eps", float, -1e-6))
+for _u in UnaryOp:
+    define(_u.name, Op.UNARY, A, same_as(), UNARY_DOCS[_u], sub=_u, inplace=True, family="unary",
+           params=XIELU_PARAMS if _u == UnaryOp.XIELU else ())
+
+define("CROSS_ENTROPY_LOSS", Op.CROSS_ENTROPY_LOSS, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_rule,
+       "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions")
+define("CROSS_ENTROPY_LOSS_BACK", Op.CROSS_ENTROPY_LOSS_BACK,
+       (Src("grad", ONLY_F32), Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_back_rule,
+       "(softmax(a) - b) * grad / nrows")
+define("OPT_STEP_ADAMW", Op.OPT_STEP_ADAMW,
+       tuple(Src(n, ONLY_F32) for n in ("a", "grad", "m", "v", "params")), _opt_step_rule(7, ("m", "v")),
+       "AdamW step on a in place; params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]")
+define("OPT_STEP_SGD", Op.OPT_STEP_SGD, tuple(Src(n, ONLY_F32) for n in ("a", "grad", "params")),
+       _opt_step_rule(2, ()), "SGD step on a in place; params = [alpha, wd]: a = a (1 - alpha wd) - alpha grad")
+
+
+def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]) -> Out | ViewOut:
+    """Check source types against the table, then apply the op's shape/type rule."""
+    for spec in d.srcs:
+        t = srcs.get(spec.name)
+        if t is None:
+            if not spec.optional:
+                raise InvalidArgument(f"{d.key}: source {spec.name!r} is required")
+            continue
+        if t.type not in spec.types:
+            raise TypeMismatch(f"{d.key}: source {spec.name!r} has type {traits(t.type).name}; accepted: "
+                               f"{', '.join(sorted(traits(x).name for x in spec.types))}")
+    return d.rule(d, srcs, params)

@@ -1,0 +1,67 @@
+"""Run a graph on a backend, sending each node it does not support to the reference.
+
+View ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing: their result shares
+memory with the source. All built-in backends use host memory, so a fallback moves
+no data. ``strict=True`` turns any fallback into an :class:`Unsupported` error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backend import Backend
+from .errors import Unsupported
+from .graph import Graph
+from .registry import REGISTRY
+from .tensor import Tensor
+
+
+@dataclass
+class Fallback:
+    node: Tensor
+    reason: str
+
+
+@dataclass
+class ComputeReport:
+    backend: str
+    computed: int = 0
+    fallbacks: list[Fallback] = field(default_factory=list)
+
+    @property
+    def fell_back(self) -> list[str]:
+        return [f.node.opdef.key for f in self.fallbacks]
+
+
+def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False) -> ComputeReport:
+    """Compute every node of ``graph`` (or of the graph ending at a tensor) in order."""
+    if isinstance(graph, Tensor):
+        graph = Graph(capacity=1 << 20).expand(graph)
+    be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
+    report = ComputeReport(be.name)
+    reference: Backend | None = None
+    for node in graph.nodes:
+        d = node.opdef
+        if d is None or d.view_only:
+            continue
+        if be.supports(node):
+            try:
+                be.compute(node)
+                report.computed += 1
+                continue
+            except Unsupported as e:
+                if strict:
+                    raise
+                reason = f"claimed support, then raised Unsupported: {e}"
+        else:
+            if strict:
+                raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
+            reason = "not supported"
+        if reference is None:
+            reference = REGISTRY.reference()
+        if reference is be:
+            raise Unsupported(f"the reference backend {be.name!r} cannot compute {node.label}: {reason}")
+        reference.compute(node)
+        report.computed += 1
+        report.fallbacks.append(Fallback(node, reason))
+    return report
