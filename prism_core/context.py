@@ -38,8 +38,8 @@ class Context:
     def __init__(self, mem_size: int = DEFAULT_MEM_SIZE, *, guard_bytes: int = 0) -> None:
         if isinstance(mem_size, bool) or not isinstance(mem_size, (int, np.integer)) or mem_size <= 0:
             raise InvalidArgument(f"Context: mem_size must be a positive int of bytes, got {mem_size!r}")
-        if guard_bytes < 0:
-            raise InvalidArgument(f"Context: guard_bytes must be >= 0, got {guard_bytes}")
+        if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, (int, np.integer)) or guard_bytes < 0:
+            raise InvalidArgument(f"Context: guard_bytes must be an int >= 0, got {guard_bytes!r}")
         self.mem_size = int(mem_size)
         self.guard_bytes = int(guard_bytes)
         self.used = 0

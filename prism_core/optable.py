@@ -110,6 +110,11 @@ def can_repeat(small: Tensor, big: Tensor) -> bool:
     return all(b % s == 0 for s, b in zip(small.ne, big.ne))
 
 
+def divides(d: int, x: int) -> bool:
+    """``x % d == 0``, with an extent of 0 dividing only 0 (no ZeroDivisionError)."""
+    return x % d == 0 if d else x == 0
+
+
 def same_as(name: str = "a") -> Rule:
     def rule(d, s, p):
         return Out(s[name].type, s[name].ne)
@@ -208,7 +213,7 @@ def _mul_mat_rule(d, s, p):
     if a.ne[0] != b.ne[0]:
         _fail(d, f"inner extents differ: a.ne[0]={a.ne[0]}, b.ne[0]={b.ne[0]} "
                  "(ggml convention: result[m, n] = sum_k a[k, m] * b[k, n])")
-    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+    if not (divides(a.ne[2], b.ne[2]) and divides(a.ne[3], b.ne[3])):
         _fail(d, f"a's batch dims {a.ne[2:]} must divide b's {b.ne[2:]} (block broadcast)")
     if a.is_transposed():
         _fail(d, "a must not be transposed (nb[0] > nb[1]); make it contiguous first", InvalidArgument)
@@ -219,7 +224,7 @@ def _out_prod_rule(d, s, p):
     a, b = s["a"], s["b"]
     if a.ne[1] != b.ne[1]:
         _fail(d, f"a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]} (the summed dim)")
-    if b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+    if not (divides(a.ne[2], b.ne[2]) and divides(a.ne[3], b.ne[3])):
         _fail(d, f"a's batch dims {a.ne[2:]} must divide b's {b.ne[2:]} (block broadcast)")
     if a.is_transposed():
         _fail(d, "a must not be transposed (nb[0] > nb[1])", InvalidArgument)
@@ -303,7 +308,7 @@ def _soft_max_rule(d, s, p):
             _fail(d, "mask must be contiguous", InvalidArgument)
         if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
             _fail(d, f"mask ne={list(mask.ne)} must have ne[0]={a.ne[0]} and ne[1] >= {a.ne[1]}")
-        if a.ne[2] % mask.ne[2] or a.ne[3] % mask.ne[3]:
+        if not (divides(mask.ne[2], a.ne[2]) and divides(mask.ne[3], a.ne[3])):
             _fail(d, f"mask dims 2,3 {mask.ne[2:]} must divide a's {a.ne[2:]}")
     elif p["max_bias"] > 0:
         _fail(d, "max_bias > 0 (ALiBi) needs a mask", InvalidArgument)

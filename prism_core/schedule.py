@@ -2,7 +2,8 @@
 
 View ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing: their result shares
 memory with the source. All built-in backends use host memory, so a fallback moves
-no data. ``strict=True`` turns any fallback into an :class:`Unsupported` error.
+no data. ``strict=True`` turns any fallback into an :class:`Unsupported` error, raised
+before any node is computed when the backend's ``supports`` already refuses a node.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, stri
     be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
     report = ComputeReport(be.name)
     reference: Backend | None = None
+    if strict:  # refuse before computing anything, so a refused graph leaves every tensor as it was
+        for node in graph.nodes:
+            if node.opdef is not None and not node.opdef.view_only and not be.supports(node):
+                raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
     for node in graph.nodes:
         d = node.opdef
         if d is None or d.view_only:

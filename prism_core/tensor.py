@@ -224,9 +224,10 @@ class Tensor:
 
     def set_loss(self) -> Tensor:
         """Mark the scalar F32 loss (ggml_set_loss)."""
-        if self.nelements != 1 or self.type != F32:
-            raise InvalidArgument(f"set_loss: {self.label} must be a scalar f32, "
-                                  f"has ne={self.ne} and type {self.traits.name}")
+        if self.nelements != 1:
+            raise ShapeMismatch(f"set_loss: {self.label} must be a scalar (one element), has ne={list(self.ne)}")
+        if self.type != F32:
+            raise TypeMismatch(f"set_loss: {self.label} has type {self.traits.name}; the loss must be f32")
         self.flags |= Flag.LOSS
         return self
 
