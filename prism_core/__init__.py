@@ -20,8 +20,17 @@ from .backend import Backend, Kernel
 from .build import *  # noqa: F403 - the graph-building functions are the public API
 from .build import node
 from .context import Context
-from .errors import (BackendUnavailable, BoundExceeded, InvalidArgument, PluginError, PrismError,
-                     ShapeMismatch, TypeMismatch, UnknownBackend, Unsupported)
+from .errors import (
+                     BackendUnavailable,
+                     BoundExceeded,
+                     InvalidArgument,
+                     PluginError,
+                     PrismError,
+                     ShapeMismatch,
+                     TypeMismatch,
+                     UnknownBackend,
+                     Unsupported,
+)
 from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl
 from .ops import GluOp, Op, UnaryOp

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from .errors import InvalidArgument
+from .errors import BoundExceeded, InvalidArgument
 from .ops import GluOp, Op, UnaryOp
 from .optable import OPS, OpDef, Out, ViewOut, infer, opdef
 from .params import check_params
@@ -57,10 +57,13 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         a = srcs[0]
         assert isinstance(out, Out) and out.ne == a.ne and out.type == a.type, d.key
         out = ViewOut(a, a.type, a.ne, a.nb)
-    if isinstance(out, ViewOut):
-        result = ctx.new_view(out.of, out.type, out.ne, out.nb, out.offset)
-    else:
-        result = ctx.new_tensor(out.type, out.ne)
+    try:
+        if isinstance(out, ViewOut):
+            result = ctx.new_view(out.of, out.type, out.ne, out.nb, out.offset)
+        else:
+            result = ctx.new_tensor(out.type, out.ne)
+    except BoundExceeded as e:  # name the op whose result does not fit
+        raise BoundExceeded(f"{d.key}: {e}") from None
     result.op = d.op
     result.opdef = d
     result.params = MappingProxyType(checked)

@@ -53,7 +53,10 @@ class Context:
 
     def _admit(self, tensor: Tensor, cost: int) -> Tensor:
         if self.used + cost > self.mem_size:
-            raise BoundExceeded(f"context memory budget exceeded: {tensor.label} needs {cost} bytes, "
+            what = (f"'{tensor.name}'" if tensor.name else "a new view" if tensor.view_src is not None
+                    else "a new tensor")
+            raise BoundExceeded(f"context memory budget exceeded: {what} ({tensor.traits.name}, "
+                                f"ne={list(tensor.ne)}) needs {cost} bytes, "
                                 f"{self.mem_size - self.used} of {self.mem_size} are left")
         self.used += cost
         self.tensors.append(tensor)

@@ -52,7 +52,8 @@ class Graph:
                 new_nodes.append(t)
         if len(self.nodes) + len(new_nodes) > self.capacity or len(self.leafs) + len(new_leafs) > self.capacity:
             raise BoundExceeded(f"graph capacity {self.capacity} exceeded: expanding {tensor.label} needs "
-                                f"{len(self.nodes) + len(new_nodes)} nodes and {len(self.leafs) + len(new_leafs)} leafs")
+                                f"{len(self.nodes) + len(new_nodes)} nodes and "
+                                f"{len(self.leafs) + len(new_leafs)} leafs")
         self.nodes += new_nodes
         self.leafs += new_leafs
         self._seen = seen

@@ -169,9 +169,11 @@ def to_f32(host: np.ndarray, t: GGMLType) -> np.ndarray:
 
 def from_f32(values: np.ndarray, t: GGMLType) -> np.ndarray:
     """float values converted to the host storage of type ``t`` as ggml converts them:
-    F16 and BF16 round to nearest even; integer types truncate toward zero."""
+    F16 and BF16 round to nearest even (values past the largest finite one become
+    infinities, silently, as in ggml); integer types truncate toward zero."""
     if t == BF16:
-        return f32_to_bf16(np.asarray(values, dtype=np.float32))
+        with np.errstate(over="ignore"):
+            return f32_to_bf16(np.asarray(values, dtype=np.float32))
     tr = traits(t)
     if tr.is_quantized:
         raise TypeMismatch(f"quantizing to {tr.name} is not implemented yet")
@@ -179,4 +181,5 @@ def from_f32(values: np.ndarray, t: GGMLType) -> np.ndarray:
     if t in INT_TYPES and values.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
             return np.trunc(values).astype(tr.host_dtype)
-    return values.astype(tr.host_dtype)
+    with np.errstate(over="ignore"):
+        return values.astype(tr.host_dtype)

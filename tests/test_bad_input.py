@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import prism_core as pc
-from prism_core import (BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch, UnknownBackend,
-                        Unsupported)
+from prism_core import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch, UnknownBackend, Unsupported
 
 
 # ---------------------------------------------------------------- helpers
@@ -109,6 +108,12 @@ M44 = lambda c: f32(c, 4, 4)  # noqa: E731
 F16_34 = lambda c: c.from_numpy(np.ones((3, 4), np.float16))  # noqa: E731
 I32_34 = lambda c: c.from_numpy(np.ones((3, 4), np.int32))  # noqa: E731
 
+
+def empty(*ne: int) -> Callable[[pc.Context], pc.Tensor]:
+    """A maker of a zero-filled F32 tensor of extents ``ne`` (ggml order)."""
+    return lambda c: c.new_tensor("f32", ne)
+
+
 CASES: list[tuple[str, Setup, type[Exception], str]] = [
     # shapes that do not broadcast
     ("add-no-broadcast", _two_args(M34, lambda c: f32(c, 3, 3), pc.add), ShapeMismatch,
@@ -193,7 +198,7 @@ CASES: list[tuple[str, Setup, type[Exception], str]] = [
      InvalidArgument, r"REPEAT: has no in-place variant"),
     # views, reshapes, permutes
     ("view_1d-offset-past-end", _one_arg(lambda c: f32(c, 8), lambda a: pc.view_1d(a, 4, 20)), BoundExceeded,
-     r"view of .* spans bytes \[20, 36\) but its storage has 32 bytes"),
+     r"VIEW: view of .* spans bytes \[20, 36\) but its storage has 32 bytes"),
     ("view_2d-nb1-too-large", _one_arg(M44, lambda a: pc.view_2d(a, 4, 4, 32)), BoundExceeded,
      r"view of .* spans bytes \[0, 112\) but its storage has 64 bytes"),
     ("view-of-view-past-end", _one_arg(lambda c: pc.view_1d(f32(c, 8), 4, 16), lambda v: pc.view_1d(v, 4, 4)),
@@ -251,13 +256,12 @@ CASES: list[tuple[str, Setup, type[Exception], str]] = [
     ("adamw-not-a-param", _adamw_not_param, InvalidArgument,
      r"OPT_STEP_ADAMW: a .* must be flagged as a parameter \(set_param\)"),
     # zero extents must give a clean ShapeMismatch, not ZeroDivisionError
-    ("mul_mat-zero-batch", _two_args(lambda c: c.new_tensor("f32", (4, 3, 0)), lambda c: c.new_tensor("f32", (4, 2, 2)),
-                                     pc.mul_mat), ShapeMismatch, r"MUL_MAT: a's batch dims \(0, 1\) must divide"),
-    ("out_prod-zero-batch", _two_args(lambda c: c.new_tensor("f32", (4, 3, 0)), lambda c: c.new_tensor("f32", (5, 3, 2)),
-                                      pc.out_prod), ShapeMismatch, r"OUT_PROD: a's batch dims \(0, 1\) must divide"),
-    ("soft_max-mask-zero-batch", _two_args(lambda c: c.new_tensor("f32", (4, 4, 2)),
-                                           lambda c: c.new_tensor("f32", (4, 4, 0)), pc.soft_max_ext),
-     ShapeMismatch, r"SOFT_MAX: mask dims 2,3 \(0, 1\) must divide"),
+    ("mul_mat-zero-batch", _two_args(empty(4, 3, 0), empty(4, 2, 2), pc.mul_mat), ShapeMismatch,
+     r"MUL_MAT: a's batch dims \(0, 1\) must divide"),
+    ("out_prod-zero-batch", _two_args(empty(4, 3, 0), empty(5, 3, 2), pc.out_prod), ShapeMismatch,
+     r"OUT_PROD: a's batch dims \(0, 1\) must divide"),
+    ("soft_max-mask-zero-batch", _two_args(empty(4, 4, 2), empty(4, 4, 0), pc.soft_max_ext), ShapeMismatch,
+     r"SOFT_MAX: mask dims 2,3 \(0, 1\) must divide"),
 ]
 
 
@@ -372,8 +376,8 @@ def test_context_bad_arguments(kw, match):
 def test_memory_budget_exceeded_new_tensor():
     small = pc.Context(mem_size=2000)
     a = small.new_tensor("f32", (16,))  # 368 + 64 bytes
-    with refused(BoundExceeded, r"context memory budget exceeded: .* needs 4368 bytes, 1568 of 2000 are left",
-                 small):
+    with refused(BoundExceeded, r"context memory budget exceeded: a new tensor \(f32, ne=\[1000, 1, 1, 1\]\) "
+                 r"needs 4368 bytes, 1568 of 2000 are left", small):
         small.new_tensor("f32", (1000,))
     assert small.tensors == [a]
 
@@ -385,9 +389,11 @@ def test_memory_budget_exceeded_by_builder_and_view():
     g = pc.Graph().expand(b)
     c = pc.view_1d(a, 2)  # a view costs only its metadata (368): 32 bytes left
     assert small.used == 368 * 3 + 32
-    with refused(BoundExceeded, r"context memory budget exceeded: <ADD .*> needs 384 bytes, 32 of", small, g):
+    with refused(BoundExceeded, r"ADD: context memory budget exceeded: a new tensor \(f32, ne=\[4, 1, 1, 1\]\) "
+                 r"needs 384 bytes, 32 of", small, g):
         pc.add(a, a)
-    with refused(BoundExceeded, r"context memory budget exceeded: <VIEW .*> needs 368 bytes", small, g):
+    with refused(BoundExceeded, r"VIEW: context memory budget exceeded: a new view \(f32, ne=\[1, 1, 1, 1\]\) "
+                 r"needs 368 bytes", small, g):
         pc.view_1d(c, 1)
     with refused(BoundExceeded, r"context memory budget exceeded", small, g):
         pc.add_inplace(b, a)
@@ -558,3 +564,23 @@ def test_get_rows_out_of_range_at_compute(ctx, indices):
         pc.compute(g, "numpy")
     assert not r.numpy().any(), "the output was (half-)written before the error"
     np.testing.assert_array_equal(a.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4))
+
+
+def test_budget_message_names_a_named_tensor():
+    small = pc.Context(mem_size=1000)
+    with refused(BoundExceeded, r"context memory budget exceeded: 'weights' \(f16, ne=\[512, 2, 1, 1\]\)", small):
+        small.new_tensor("f16", (512, 2), name="weights")
+
+
+def test_refused_helper_detects_a_leftover_tensor(ctx, graph):
+    """The helper itself: a call that raises *after* admitting a tensor is caught."""
+    def leaky():
+        ctx.new_tensor("f32", (2,))
+        raise InvalidArgument("leaky: fails after creating a tensor")
+
+    with pytest.raises(AssertionError, match="changed the context or the graph"):
+        with refused(InvalidArgument, "leaky", ctx, graph):
+            leaky()
+    with pytest.raises(AssertionError, match="expected exactly InvalidArgument, got ShapeMismatch"):
+        with refused(InvalidArgument, "x", ctx, graph):
+            raise ShapeMismatch("x")  # a subclass is not enough: the most specific class is asserted

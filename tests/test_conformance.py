@@ -128,3 +128,24 @@ def test_shipped_pytest_plugin_runs_the_suite():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{len(cases_for('ADD'))} passed" in r.stdout
+
+
+def test_cli_add_only_plugin_passes_add_and_shows_the_rest_unsupported(capsys):
+    module = type(sys)("addonly_plugin")
+    module.prism_register_backends = pc.hookimpl(lambda: [_Faulty("addonly", pc.backend("numpy").kernels["ADD"])])
+    pc.REGISTRY.register(module, "addonly_plugin")
+    try:
+        assert cli(["conformance", "--backend", "all"]) == 0
+        rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
+        # columns: backends best first (numpy priority 10, addonly 0)
+        assert rows["op"] == ["numpy", "addonly"]
+        assert rows["ADD"][2:] == ["ok", f"{len(cases_for('ADD'))}/{len(cases_for('ADD'))}"]
+        assert rows["MUL"][2:] == ["unsupported"] and rows["SOFT_MAX"][2:] == ["unsupported"]
+        # view ops compute nothing, so they pass on any backend
+        views = [c for k, d in pc.OPS.items() if d.view_only for c in cases_for(k)]
+        assert rows["RESHAPE"][2:] == ["ok", "1/1"]
+        n_pass = len(cases_for("ADD")) + len(views)
+        assert rows["addonly:"][:6] == [str(n_pass), "passed,", "0", "failed,",
+                                        str(len(all_cases()) - n_pass), "unsupported"]
+    finally:
+        pc.REGISTRY.unregister("addonly_plugin")

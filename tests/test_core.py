@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 import prism_core as pc
-from prism_core.types import TRAITS, GGMLType, f32_to_bf16, bf16_to_f32, row_size
+from prism_core.types import TRAITS, GGMLType, bf16_to_f32, f32_to_bf16, row_size
 
 
 def test_enum_numbers_follow_ggml_head():
-    assert (pc.Op.ADD, pc.Op.MUL_MAT, pc.Op.SOFT_MAX, pc.Op.ROPE, pc.Op.IM2COL, pc.Op.POOL_2D) == (2, 29, 46, 48, 52, 61)
+    ops = (pc.Op.ADD, pc.Op.MUL_MAT, pc.Op.SOFT_MAX, pc.Op.ROPE, pc.Op.IM2COL, pc.Op.POOL_2D)
+    assert ops == (2, 29, 46, 48, 52, 61)
     assert (pc.Op.UNARY, pc.Op.CROSS_ENTROPY_LOSS, pc.Op.OPT_STEP_ADAMW, pc.Op.GLU) == (91, 96, 98, 100)
     assert len(pc.Op) == 101 and pc.Op.CUMSUM == 16 and pc.Op.FLASH_ATTN_EXT == 74
     assert (pc.UnaryOp.EXPM1, pc.UnaryOp.SOFTPLUS, pc.UnaryOp.GELU_ERF, pc.UnaryOp.TRUNC) == (14, 15, 16, 21)
@@ -87,7 +88,7 @@ def test_flags_and_names():
     assert w.flags & pc.Flag.PARAM and w.name == "w"
     s = pc.sum(w).set_loss()
     assert s.flags & pc.Flag.LOSS
-    v = pc.view_1d(w, 2).set_output()
+    pc.view_1d(w, 2).set_output()
     assert w.flags & pc.Flag.OUTPUT  # set_output marks the view's source too
     w.name = "x" * 63
     assert len(w.name) == 63

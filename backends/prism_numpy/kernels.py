@@ -42,12 +42,16 @@ def store(node: Tensor, values: np.ndarray) -> None:
 
 def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """ggml's modulo broadcast: b repeated along each dim until it has ``shape``."""
+    if 0 in shape:
+        return np.empty(shape, b.dtype)
     return np.tile(b, tuple(s // n for s, n in zip(shape, b.shape)))
 
 
 def repeat_blocks(a: np.ndarray, shape01: tuple[int, int]) -> np.ndarray:
     """mul_mat/out_prod's block broadcast of a's dims 3, 2 (NumPy axes 0, 1): each
     a matrix serves a run of consecutive b matrices."""
+    if 0 in shape01:
+        return np.empty((*shape01, *a.shape[2:]), a.dtype)
     return np.repeat(np.repeat(a, shape01[0] // a.shape[0], axis=0), shape01[1] // a.shape[1], axis=1)
 
 
@@ -274,12 +278,12 @@ def _get_rows(n: Tensor) -> None:
     if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
         raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
                               f"min {idx.min()}, max {idx.max()}")
-    src = val(a) if a.type != n.type or a.type != F32 else a.host()
+    src = a.host() if a.type == n.type else val(a)  # I32 rows are copied exactly
     out = np.empty(n.host().shape, dtype=src.dtype)
     for k in range(a.ne[3]):
         for j in range(a.ne[2]):
             out[k, j] = src[k, j, idx[k, j]]
-    store(n, out) if out.dtype == np.float64 else n.host().__setitem__(..., out)
+    n.host()[...] = out if a.type == n.type else from_f32(out, n.type)
 
 
 @kernel("GET_ROWS_BACK")

@@ -103,6 +103,9 @@ UNARY_RANGE = {"SQRT": (0.1, 4.0), "LOG": (0.1, 4.0), "EXP": (-3.0, 3.0), "EXPM1
                "SOFTPLUS": (-25.0, 25.0), "FLOOR": (-4.0, 4.0), "CEIL": (-4.0, 4.0), "ROUND": (-4.0, 4.0),
                "TRUNC": (-4.0, 4.0), "HARDSWISH": (-5.0, 5.0), "HARDSIGMOID": (-5.0, 5.0),
                "ELU": (-3.0, 3.0), "GELU": (-4.0, 4.0), "GELU_ERF": (-4.0, 4.0)}
+# zeros, halves (rounding ties), thresholds (softplus at 20, gelu tails), large and tiny magnitudes
+EDGE_VALUES = np.array([0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 1.0, -1.0, 3.0, -3.0, 6.0, 20.0, 21.0, -20.0,
+                        1e-4, -1e-4, 10.0, -10.0, 30.0, -30.0, 1e-30, 80.0], np.float32)
 UNARY_PARAMS = {"SCALE": {"s": 0.75, "b": 0.25}, "CLAMP": {"min": -0.5, "max": 0.5},
                 "LEAKY_RELU": {"negative_slope": 0.1}}
 
@@ -117,6 +120,10 @@ def unary_cases(d: OpDef) -> Iterator[Case]:
                                                                         **params)))
     yield Case(d.key, "ne=[7,5,3,2],f32,permuted",
                lambda c, r: Built(B.node(d.key, leaf(c, r, F32, (7, 5, 3, 2), lo, hi, "permuted"), **params)))
+    edge = EDGE_VALUES[(EDGE_VALUES > 0) if d.key in ("SQRT", "LOG") else slice(None)]
+    for t in _types(d):
+        yield Case(d.key, f"edge values {edge.size},{tname(t)}",
+                   lambda c, r, t=t: Built(B.node(d.key, c.from_numpy(edge, t), **params)))
     if d.inplace:
         yield Case(d.key, "ne=[16,3,2,1],f32,inplace",
                    lambda c, r: Built(B.node(d.key, leaf(c, r, F32, (16, 3, 2, 1), lo, hi), inplace=True, **params)))

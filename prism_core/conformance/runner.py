@@ -98,7 +98,8 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None) -> 
     ctx, graph, built = _build(case, GUARD_BYTES)
     missing = [n for n in graph.nodes if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
     if missing:
-        return CaseResult(case, name, UNSUPPORTED, f"does not support {', '.join(sorted({n.opdef.key for n in missing}))}")
+        keys = ", ".join(sorted({n.opdef.key for n in missing}))
+        return CaseResult(case, name, UNSUPPORTED, f"does not support {keys}")
     try:
         compute(graph, backend, strict=True)
     except Unsupported as e:

@@ -1,0 +1,435 @@
+"""Backend discovery through real entry points, and in-process registration.
+
+Each test writes plugin modules plus ``<dist>-0.1.dist-info/`` folders (METADATA and
+entry_points.txt declaring ``[prism.backends]``) into ``tmp_path``, puts it on
+``sys.path`` and resets the registry, so ``importlib.metadata`` finds them exactly as
+it finds an installed third-party backend. The ``plugins`` fixture resets the registry
+again at teardown (after ``tmp_path`` has left ``sys.path``), so other tests see the
+normal registry.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+from prism_core import BackendUnavailable, UnknownBackend, Unsupported
+
+# ---------------------------------------------------------------- plugin sources
+ADDONLY = '''
+import numpy as np
+import prism_core as pc
+
+CALLS = []
+
+
+def _add(node):
+    a, b = node.src[0], node.src[1]
+    CALLS.append(node.opdef.key)
+    # ggml broadcast of b into a (each of a's extents a multiple of b's), via the public API
+    reps = tuple(x // y for x, y in zip(reversed(a.ne), reversed(b.ne)))
+    node.set(np.tile(b.host(), reps).astype(np.float64) + a.host())
+
+
+class AddOnly(pc.Backend):
+    name = "addonly"
+    version = "0.1"
+    priority = 5  # below numpy (10)
+    kernels = {"ADD": _add}
+
+
+@pc.hookimpl
+def prism_register_backends():
+    return [AddOnly()]
+'''
+
+
+def backend_source(name: str, priority: int = 1, *, extra: str = "", returns: str | None = None) -> str:
+    """A plugin module whose hook returns one backend of class ``B`` (or ``returns``);
+    ``extra`` is more of ``B``'s body."""
+    body = textwrap.indent(textwrap.dedent(extra).strip("\n"), "    ")
+    return "\n".join([
+        "import prism_core as pc",
+        "",
+        "",
+        "class B(pc.Backend):",
+        f"    name = {name!r}",
+        f"    priority = {priority}",
+        body,
+        "",
+        "",
+        "@pc.hookimpl",
+        "def prism_register_backends():",
+        f"    return {returns or '[B()]'}",
+        "",
+    ])
+
+
+# ---------------------------------------------------------------- fixtures
+class Plugins:
+    """Writes plugin distributions into a directory on ``sys.path``."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        self.modules: list[str] = []
+        monkeypatch.syspath_prepend(str(root))
+        monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+
+    def add(self, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
+        """Module ``module`` with ``source``, declared by distribution ``dist`` under
+        entry-point name ``entry`` in group prism.backends."""
+        dist = dist or f"{module.replace('_', '-')}-plugin"
+        (self.root / f"{module}.py").write_text(source)
+        info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[{pc.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+        self.modules.append(module)
+        pc.REGISTRY.reset()
+
+    def broken(self, module: str) -> list[pc.BrokenPlugin]:
+        return [b for b in pc.broken_plugins() if module in b.plugin]
+
+    def info(self, name: str) -> pc.BackendInfo:
+        (found,) = [i for i in pc.backends() if i.name == name]
+        return found
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    p = Plugins(tmp_path, monkeypatch)
+    pc.REGISTRY.reset()
+    yield p
+    for m in p.modules:
+        sys.modules.pop(m, None)
+    pc.REGISTRY.reset()  # rediscovery happens lazily, once tmp_path has left sys.path
+
+
+def f32(ctx: pc.Context, values) -> pc.Tensor:
+    return ctx.from_numpy(np.asarray(values, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- (1) a partial backend
+def test_entry_point_plugin_is_discovered_and_computes_add(plugins):
+    plugins.add("prism_test_addonly", ADDONLY, entry="addonly")
+    names = [i.name for i in pc.backends()]
+    assert names.index("numpy") < names.index("addonly")  # best first: numpy has the higher priority
+    info = plugins.info("addonly")
+    assert info.available and info.reason == "" and info.priority == 5 and info.version == "0.1"
+    assert info.plugin == "addonly (prism_test_addonly)"
+    assert pc.broken_plugins() == []
+
+    be = pc.backend("addonly")
+    assert be.name == "addonly" and be is info.backend
+    mod = sys.modules["prism_test_addonly"]
+
+    ctx = pc.Context()
+    a = f32(ctx, [[1, 2, 3], [4, 5, 6]])
+    b = f32(ctx, [10, 20, 30])
+    s = pc.add(a, b)
+    report = pc.compute(s, "addonly")
+    assert report.backend == "addonly" and report.computed == 1 and report.fallbacks == []
+    assert mod.CALLS == ["ADD"]
+    np.testing.assert_array_equal(s.numpy(), [[11, 22, 33], [14, 25, 36]])
+
+
+def test_partial_backend_falls_back_for_mul(plugins):
+    plugins.add("prism_test_addonly2", ADDONLY, entry="addonly")
+    ctx = pc.Context()
+    a = f32(ctx, [[1, 2], [3, 4]])
+    b = f32(ctx, [[5, 6], [7, 8]])
+    s = pc.add(a, b)
+    p = pc.mul(s, a)
+    g = pc.build_forward(p)
+
+    with pytest.raises(Unsupported, match=r"backend 'addonly' does not support <MUL .*> \(strict mode\)"):
+        pc.compute(g, "addonly", strict=True)
+    assert not s.numpy().any() and not p.numpy().any()  # strict refuses before computing anything
+
+    report = pc.compute(g, "addonly")
+    assert sys.modules["prism_test_addonly2"].CALLS == ["ADD"]  # ADD ran on the plugin itself
+    assert report.backend == "addonly" and report.computed == 2
+    assert report.fell_back == ["MUL"]
+    assert [f.node for f in report.fallbacks] == [p] and report.fallbacks[0].reason == "not supported"
+    np.testing.assert_array_equal(s.numpy(), [[6, 8], [10, 12]])
+    np.testing.assert_array_equal(p.numpy(), [[6, 16], [30, 48]])
+
+
+# ---------------------------------------------------------------- (2) a plugin that raises on import
+BOOM = 'raise RuntimeError("boom: this plugin cannot be imported")\n'
+
+
+def test_plugin_raising_on_import_is_recorded_as_broken(plugins):
+    plugins.add("prism_test_boom", BOOM, entry="boom")
+    (broken,) = plugins.broken("prism_test_boom")
+    assert broken.plugin == "boom (prism_test_boom)"
+    assert broken.reason == "import failed: RuntimeError: boom: this plugin cannot be imported"
+    assert [i.name for i in pc.backends()] == ["numpy"]
+    assert pc.backend().name == "numpy"
+    ctx = pc.Context()
+    x = f32(ctx, [1, 4, 9])
+    r = pc.sqrt(x)
+    assert pc.compute(r).backend == "numpy"
+    np.testing.assert_array_equal(r.numpy(), [1, 2, 3])
+
+
+def test_plugin_raising_on_import_does_not_break_import_prism_core(plugins):
+    plugins.add("prism_test_boom_sub", BOOM, entry="boom")
+    code = ("import prism_core as pc; b = pc.broken_plugins(); "
+            "print(pc.backend().name); print(len(b)); print(b[0].reason)")
+    paths = [str(plugins.root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    env.pop(pc.registry.ENV_BACKEND, None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["numpy", "1",
+                                       "import failed: RuntimeError: boom: this plugin cannot be imported"]
+
+
+# ---------------------------------------------------------------- (3) malformed plugins and unavailable backends
+def test_hook_that_raises(plugins):
+    src = backend_source("never", returns='(_ for _ in ()).throw(ValueError("hook exploded"))')
+    plugins.add("prism_test_hook_raises", src)
+    (broken,) = plugins.broken("prism_test_hook_raises")
+    assert broken.reason == "prism_register_backends raised ValueError: hook exploded"
+    assert "never" not in [i.name for i in pc.backends()]
+    assert pc.backend().name == "numpy"
+
+
+def test_hook_returning_a_non_list(plugins):
+    plugins.add("prism_test_not_list", backend_source("single", returns="B()"))
+    (broken,) = plugins.broken("prism_test_not_list")
+    assert broken.reason == "prism_register_backends must return a list of Backend instances, returned B"
+    assert "single" not in [i.name for i in pc.backends()]
+
+
+def test_hook_returning_a_non_backend(plugins):
+    plugins.add("prism_test_not_backend", backend_source("x", returns='[B(), "not a backend", object()]'))
+    reasons = [b.reason for b in plugins.broken("prism_test_not_backend")]
+    assert reasons == ["registered str object, which is not a prism_core.Backend",
+                       "registered object object, which is not a prism_core.Backend"]
+    assert plugins.info("x").available  # the well-formed backend of the same plugin still registers
+
+
+def test_hook_returning_a_duplicate_name(plugins):
+    plugins.add("prism_test_dup", backend_source("dupe", returns="[B(), B()]"))
+    (broken,) = plugins.broken("prism_test_dup")
+    assert broken.reason == "backend name 'dupe' is already registered by prism_test_dup (prism_test_dup)"
+    assert [i.name for i in pc.backends()].count("dupe") == 1
+
+
+def test_duplicate_name_across_plugins(plugins):
+    plugins.add("prism_test_dup_a", backend_source("twin", 3))
+    plugins.add("prism_test_dup_b", backend_source("twin", 4))
+    broken = plugins.broken("prism_test_dup_")
+    assert len(broken) == 1  # whichever came second is refused; the first keeps the name
+    assert broken[0].reason.startswith("backend name 'twin' is already registered by prism_test_dup_")
+    (twin,) = [i for i in pc.backends() if i.name == "twin"]
+    assert twin.plugin.split()[0] != broken[0].plugin.split()[0]
+
+
+def test_malformed_backend_name_and_priority(plugins):
+    src = textwrap.dedent('''
+        import prism_core as pc
+
+
+        class BadName(pc.Backend):
+            name = "has space"
+
+
+        class BadPriority(pc.Backend):
+            name = "badprio"
+            priority = "high"
+
+
+        @pc.hookimpl
+        def prism_register_backends():
+            return [BadName(), BadPriority()]
+        ''')
+    plugins.add("prism_test_malformed", src)
+    reasons = sorted(b.reason for b in plugins.broken("prism_test_malformed"))
+    assert reasons == ["backend 'badprio': priority must be an int, got 'high'",
+                       "backend name must be an identifier-like str, got 'has space'"]
+    assert {i.name for i in pc.backends()} == {"numpy"}
+
+
+def test_backend_with_another_interface_version_is_unavailable(plugins):
+    plugins.add("prism_test_iface", backend_source("future", 99, extra="interface_version = 999"))
+    info = plugins.info("future")
+    assert not info.available
+    assert "interface" in info.reason and "999" in info.reason
+    assert info.reason == f"built for plugin interface 999, this Prism has {pc.INTERFACE_VERSION}"
+    with pytest.raises(BackendUnavailable, match=r"backend 'future' is unavailable: built for plugin interface 999"):
+        pc.backend("future")
+    assert pc.backend().name == "numpy"  # priority 99 but unavailable: not the default
+
+
+def test_unavailable_backend_lists_its_reason(plugins):
+    extra = '''
+        def availability(self):
+            return False, "no compiler"
+        '''
+    plugins.add("prism_test_nocc", backend_source("needscc", 50, extra=extra))
+    info = plugins.info("needscc")
+    assert (info.available, info.reason) == (False, "no compiler")
+    assert pc.broken_plugins() == []  # unavailable is not broken
+    with pytest.raises(BackendUnavailable, match=r"^backend 'needscc' is unavailable: no compiler$"):
+        pc.backend("needscc")
+    assert pc.backend().name == "numpy"
+
+
+def test_availability_that_raises_is_unavailable(plugins):
+    extra = '''
+        def availability(self):
+            raise OSError("driver missing")
+        '''
+    plugins.add("prism_test_avail_raises", backend_source("flaky", extra=extra))
+    info = plugins.info("flaky")
+    assert not info.available
+    assert info.reason == "availability check raised OSError: driver missing"
+
+
+# ---------------------------------------------------------------- (4) PRISM_BACKEND and (5) the default pick
+def test_env_var_selects_the_backend(plugins, monkeypatch):
+    plugins.add("prism_test_env", ADDONLY, entry="addonly")
+    assert pc.backend().name == "numpy"
+    monkeypatch.setenv("PRISM_BACKEND", "addonly")
+    assert pc.backend().name == "addonly"
+    ctx = pc.Context()
+    x = f32(ctx, [1, 2])
+    r = pc.add(x, x)
+    report = pc.compute(r)
+    assert report.backend == "addonly" and report.fallbacks == []
+    assert pc.backend("numpy").name == "numpy"  # an explicit name wins over the variable
+    monkeypatch.setenv("PRISM_BACKEND", "nope")
+    with pytest.raises(UnknownBackend, match=r"no backend named 'nope'; registered: numpy, addonly"):
+        pc.backend()
+    monkeypatch.setenv("PRISM_BACKEND", "")  # empty: as if unset
+    assert pc.backend().name == "numpy"
+
+
+def test_env_var_naming_an_unavailable_backend(plugins, monkeypatch):
+    extra = '''
+        def availability(self):
+            return False, "no compiler"
+        '''
+    plugins.add("prism_test_env_nocc", backend_source("needscc2", extra=extra))
+    monkeypatch.setenv("PRISM_BACKEND", "needscc2")
+    with pytest.raises(BackendUnavailable, match="no compiler"):
+        pc.backend()
+
+
+def test_default_is_the_highest_priority_available_backend(plugins):
+    unavailable = '''
+        def availability(self):
+            return False, "no device"
+        '''
+    plugins.add("prism_test_prio_low", backend_source("low", 1))
+    plugins.add("prism_test_prio_high", backend_source("high", 20))
+    plugins.add("prism_test_prio_top", backend_source("top", 30, extra=unavailable))
+    assert [i.name for i in pc.backends()] == ["top", "high", "numpy", "low"]
+    assert pc.backend().name == "high"  # "top" ranks first but is unavailable
+    assert pc.REGISTRY.reference().name == "numpy"  # the reference is found by flag, not by rank
+
+
+def test_equal_priorities_break_ties_by_name(plugins):
+    plugins.add("prism_test_tie_b", backend_source("beta", 40))
+    plugins.add("prism_test_tie_a", backend_source("alpha", 40))
+    assert [i.name for i in pc.backends()][:2] == ["alpha", "beta"]
+    assert pc.backend().name == "alpha"
+
+
+# ---------------------------------------------------------------- in-process registration
+def _inproc_module(name: str, backend_name: str, priority: int = 15) -> types.ModuleType:
+    mod = types.ModuleType(name)
+
+    class InProc(pc.Backend):
+        pass
+
+    InProc.name = backend_name
+    InProc.priority = priority
+
+    @pc.hookimpl
+    def prism_register_backends():
+        return [InProc()]
+
+    mod.prism_register_backends = prism_register_backends
+    return mod
+
+
+def test_in_process_register_and_unregister(plugins):
+    mod = _inproc_module("prism_test_inproc", "inproc")
+    assert "inproc" not in [i.name for i in pc.backends()]
+    pc.REGISTRY.register(mod)
+    try:
+        info = plugins.info("inproc")
+        assert info.available and info.plugin == "prism_test_inproc"
+        assert pc.backend().name == "inproc"  # priority 15 beats numpy's 10
+        assert pc.backend("numpy").name == "numpy"
+        pc.REGISTRY.reset()  # a reset rediscovers, and keeps in-process plugins
+        assert "inproc" in [i.name for i in pc.backends()]
+    finally:
+        pc.REGISTRY.unregister("prism_test_inproc")
+    assert "inproc" not in [i.name for i in pc.backends()]
+    assert pc.backend().name == "numpy"
+    with pytest.raises(UnknownBackend, match="no backend named 'inproc'"):
+        pc.backend("inproc")
+
+
+def test_in_process_register_with_explicit_name_and_object(plugins):
+    class Holder:
+        @pc.hookimpl
+        def prism_register_backends(self):
+            class Obj(pc.Backend):
+                name = "objbackend"
+            return [Obj()]
+
+    pc.REGISTRY.register(Holder(), name="holder")
+    try:
+        assert plugins.info("objbackend").plugin == "holder"
+    finally:
+        pc.REGISTRY.unregister("holder")
+    assert "objbackend" not in [i.name for i in pc.backends()]
+
+
+def test_in_process_plugin_alongside_entry_points(plugins):
+    plugins.add("prism_test_mix", ADDONLY, entry="addonly")
+    pc.REGISTRY.register(_inproc_module("prism_test_inproc2", "inproc2", priority=1))
+    try:
+        assert {"numpy", "addonly", "inproc2"} <= {i.name for i in pc.backends()}
+    finally:
+        pc.REGISTRY.unregister("prism_test_inproc2")
+    assert {i.name for i in pc.backends()} == {"numpy", "addonly"}
+
+
+def test_in_process_broken_hook_is_recorded(plugins):
+    mod = types.ModuleType("prism_test_inproc_broken")
+
+    @pc.hookimpl
+    def prism_register_backends():
+        raise KeyError("missing config")
+
+    mod.prism_register_backends = prism_register_backends
+    pc.REGISTRY.register(mod)
+    try:
+        (broken,) = plugins.broken("prism_test_inproc_broken")
+        assert broken.reason == "prism_register_backends raised KeyError: 'missing config'"
+        assert pc.backend().name == "numpy"
+    finally:
+        pc.REGISTRY.unregister("prism_test_inproc_broken")
+    assert plugins.broken("prism_test_inproc_broken") == []
+
+
+def test_normal_registry_after_reset():
+    """Outside the fixture the registry holds only the installed backends."""
+    pc.REGISTRY.reset()
+    assert "numpy" in [i.name for i in pc.backends()]
+    assert pc.REGISTRY.reference().name == "numpy"
