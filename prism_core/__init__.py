@@ -33,7 +33,7 @@ from .errors import (
 )
 from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl
-from .ops import GluOp, Op, UnaryOp
+from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, opdef
 from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
 from .schedule import ComputeReport, compute

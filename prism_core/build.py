@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
+from .context import Context
 from .errors import BoundExceeded, InvalidArgument
-from .ops import GluOp, Op, UnaryOp
+from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, Out, ViewOut, infer, opdef
 from .params import check_params
 from .tensor import MAX_SRC, Tensor
@@ -21,15 +24,18 @@ from .types import traits
 
 
 def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = False,
-         **params: Any) -> Tensor:
+         ctx: Context | None = None, **params: Any) -> Tensor:
     """Build a node of op ``key`` on ``srcs`` (in the table's source order).
 
     With ``inplace=True`` the result is a view of the first source (ggml's ``*_inplace``).
+    The result is created in the sources' context; an op without source tensors
+    (ARANGE) takes that context as ``ctx=``. When both are given they must agree.
     """
     d = opdef(key)
     if len(srcs) > len(d.srcs) or len(srcs) > MAX_SRC:
         raise InvalidArgument(f"{d.key}: takes at most {len(d.srcs)} sources, got {len(srcs)}")
-    ctx = None
+    if ctx is not None and not isinstance(ctx, Context):
+        raise InvalidArgument(f"{d.key}: ctx must be a Context, got {type(ctx).__name__}")
     named: dict[str, Tensor | None] = {}
     for spec, t in zip(d.srcs, srcs):
         if t is not None and not isinstance(t, Tensor):
@@ -41,6 +47,8 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
                 raise InvalidArgument(f"{d.key}: source {spec.name!r} belongs to another context")
         named[spec.name] = t
     if ctx is None:
+        if not d.srcs:
+            raise InvalidArgument(f"{d.key}: has no source tensors; pass the context as ctx=")
         raise InvalidArgument(f"{d.key}: needs at least one source tensor")
     if inplace and not d.inplace:
         raise InvalidArgument(f"{d.key}: has no in-place variant")
@@ -170,6 +178,35 @@ def argmax(a: Tensor) -> Tensor: return _n("ARGMAX", a)
 def count_equal(a: Tensor, b: Tensor) -> Tensor: return _n("COUNT_EQUAL", a, b)
 def repeat(a: Tensor, b: Tensor) -> Tensor: return _n("REPEAT", a, b)
 def repeat_back(a: Tensor, b: Tensor) -> Tensor: return _n("REPEAT_BACK", a, b)
+def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """a and b (same type) joined along ``dim`` (0..3, ggml order); all other extents must match."""
+    return _n("CONCAT", a, b, dim=dim)
+
+
+def argsort(a: Tensor, order: SortOrder | str | int = SortOrder.ASC) -> Tensor:
+    """I32 tensor of a's shape: per row, the indices that sort the row ascending (``"ASC"``)
+    or descending (``"DESC"``). ggml leaves the order of equal values unspecified; the
+    reference sorts stably (equal values keep their index order)."""
+    if isinstance(order, str):
+        if order.upper() not in SortOrder.__members__:
+            raise InvalidArgument(f"ARGSORT: unknown sort order {order!r}; known: {', '.join(SortOrder.__members__)}")
+        order = SortOrder[order.upper()]
+    return _n("ARGSORT", a, order=order)
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """Indices of the ``k`` largest values of each row, largest first: a DESC argsort and a
+    view of its first ``k`` columns (ggml_argsort_top_k). Needs 1 <= k <= a.ne[0]."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise InvalidArgument(f"argsort_top_k: k must be an int, got {k!r}")
+    if isinstance(a, Tensor) and not 1 <= k <= a.ne[0]:
+        raise InvalidArgument(f"argsort_top_k: k={k} must be in [1, a.ne[0]={a.ne[0]}]")
+    s = argsort(a, SortOrder.DESC)
+    try:
+        return view_4d(s, int(k), s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0)
+    except Exception:
+        s.ctx._forget(s)
+        raise
 
 
 # ------------------------------------------------------------------ normalisation
@@ -177,6 +214,15 @@ def norm(a: Tensor, eps: float = 0.0, inplace: bool = False) -> Tensor: return _
 def rms_norm(a: Tensor, eps: float = 0.0, inplace: bool = False) -> Tensor:
     return _n("RMS_NORM", a, eps=eps, inplace=inplace)
 def rms_norm_back(dz: Tensor, x: Tensor, eps: float = 0.0) -> Tensor: return _n("RMS_NORM_BACK", dz, x, eps=eps)
+def group_norm(a: Tensor, n_groups: int, eps: float = 1e-6, inplace: bool = False) -> Tensor:
+    """Normalise groups of ceil(ne2 / n_groups) consecutive channels (dim 2): mean and
+    population variance over ne0 * ne1 * channels elements, separately for each i3."""
+    return _n("GROUP_NORM", a, n_groups=n_groups, eps=eps, inplace=inplace)
+
+
+def l2_norm(a: Tensor, eps: float = 0.0, inplace: bool = False) -> Tensor:
+    """Each row divided by max(its Euclidean norm, eps)."""
+    return _n("L2_NORM", a, eps=eps, inplace=inplace)
 
 
 # ------------------------------------------------------------------ matrices
@@ -274,6 +320,53 @@ def diag_mask_inf(a: Tensor, n_past: int, inplace: bool = False) -> Tensor:
     return _n("DIAG_MASK_INF", a, n_past=n_past, inplace=inplace)
 def diag_mask_zero(a: Tensor, n_past: int, inplace: bool = False) -> Tensor:
     return _n("DIAG_MASK_ZERO", a, n_past=n_past, inplace=inplace)
+def diag(a: Tensor) -> Tensor:
+    """a [n, 1, ne2, ne3] -> [n, n, ne2, ne3]: each row vector placed on a matrix's diagonal."""
+    return _n("DIAG", a)
+
+
+# ------------------------------------------------------------------ padding and generators
+def pad_ext(a: Tensor, lp0: int, rp0: int, lp1: int = 0, rp1: int = 0, lp2: int = 0, rp2: int = 0,
+            lp3: int = 0, rp3: int = 0, circular: bool = False) -> Tensor:
+    """a with ``lp_i`` elements added before and ``rp_i`` after dim i: zeros, or with
+    ``circular=True`` a's values wrapped around (out[i] = a[(i - lp) mod ne])."""
+    return _n("PAD", a, lp0=lp0, rp0=rp0, lp1=lp1, rp1=rp1, lp2=lp2, rp2=rp2, lp3=lp3, rp3=rp3, circular=circular)
+
+
+def pad(a: Tensor, p0: int, p1: int = 0, p2: int = 0, p3: int = 0) -> Tensor:
+    """a with ``p_i`` zeros appended after dim i (ggml_pad)."""
+    return pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3)
+
+
+def pad_circular(a: Tensor, p0: int, p1: int = 0, p2: int = 0, p3: int = 0) -> Tensor:
+    """a with ``p_i`` elements appended after dim i, taken from its start (wrapping around)."""
+    return pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3, circular=True)
+
+
+def pad_ext_circular(a: Tensor, lp0: int, rp0: int, lp1: int = 0, rp1: int = 0, lp2: int = 0, rp2: int = 0,
+                     lp3: int = 0, rp3: int = 0) -> Tensor:
+    return pad_ext(a, lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, circular=True)
+
+
+def pad_reflect_1d(a: Tensor, p0: int, p1: int) -> Tensor:
+    """Contiguous F32 a with each row mirrored: p0 elements before, p1 after, the edge
+    element not repeated (each p must be less than ne0)."""
+    return _n("PAD_REFLECT_1D", a, p0=p0, p1=p1)
+
+
+def arange(ctx: Context, start: float, stop: float, step: float = 1.0) -> Tensor:
+    """F32 vector start, start + step, ... below stop: ceil((stop - start) / step) elements,
+    counted in float32 as ggml does. ggml's ranges increase: stop > start and step > 0."""
+    if not isinstance(ctx, Context):
+        raise InvalidArgument(f"ARANGE: ctx must be a Context, got {type(ctx).__name__}")
+    return node("ARANGE", ctx=ctx, start=start, stop=stop, step=step)
+
+
+def timestep_embedding(timesteps: Tensor, dim: int, max_period: int = 10000) -> Tensor:
+    """Sinusoidal embedding of an F32 vector of N timesteps: F32 [dim, N] with
+    cos(t * f_j) in column j and sin(t * f_j) in column j + dim // 2, where
+    f_j = exp(-ln(max_period) * j / (dim // 2)); for odd ``dim`` the last column is 0."""
+    return _n("TIMESTEP_EMBEDDING", timesteps, dim=dim, max_period=max_period)
 
 
 # ------------------------------------------------------------------ softmax
@@ -299,10 +392,61 @@ def opt_step_adamw(a: Tensor, grad: Tensor, m: Tensor, v: Tensor, params: Tensor
 def opt_step_sgd(a: Tensor, grad: Tensor, params: Tensor) -> Tensor: return _n("OPT_STEP_SGD", a, grad, params)
 
 
+# ------------------------------------------------------------------ gated linear units
+def _glu_key(op: GluOp | str) -> str:
+    key = op.name if isinstance(op, GluOp) else str(op).upper()
+    if key not in GluOp.__members__:
+        raise InvalidArgument(f"unknown GLU op {op!r}; known: {', '.join(GluOp.__members__)}")
+    return key
+
+
+def glu(a: Tensor, op: GluOp | str, swapped: bool = False, **params: Any) -> Tensor:
+    """GLU sub-op ``op`` on the halves of each row of a: x = first half, g = second half
+    (exchanged when ``swapped``); result ne0 = a.ne0 / 2, out = act(x) * g."""
+    return _n(_glu_key(op), a, swapped=swapped, **params)
+
+
+def glu_split(a: Tensor, b: Tensor, op: GluOp | str, **params: Any) -> Tensor:
+    """GLU sub-op ``op`` with x = a and g = b (same shape and type): out = act(a) * b."""
+    return _n(_glu_key(op), a, b, **params)
+
+
+def _glu_builder(g: GluOp, form: str):
+    doc = OPS[g.name].doc.split(";")[0]
+    if form == "split":
+        def f(a: Tensor, b: Tensor) -> Tensor:
+            return _n(g.name, a, b)
+        f.__doc__ = f"GLU {g.name} with x = a, g = b (same shape): {doc}"
+    else:
+        swapped = form == "swapped"
+
+        def f(a: Tensor) -> Tensor:
+            return _n(g.name, a, swapped=swapped)
+        halves = "g = first half, x = second half" if swapped else "x = first half, g = second half"
+        f.__doc__ = f"GLU {g.name} on each row of a ({halves}; result ne0 = a.ne0 / 2): {doc}"
+    f.__name__ = g.name.lower() + ("" if form == "plain" else "_" + form)
+    return f
+
+
+for _g in GluOp:
+    if _g is not GluOp.SWIGLU_OAI:
+        for _form in ("plain", "swapped", "split"):
+            _f = _glu_builder(_g, _form)
+            globals()[_f.__name__] = _f
+
+
+def swiglu_oai(a: Tensor, b: Tensor | None, alpha: float, limit: float) -> Tensor:
+    """GLU SWIGLU_OAI (gpt-oss): x' = min(x, limit), g' = clamp(g, -limit, limit),
+    out = x' * sigmoid(alpha * x') * (g' + 1), with x = a and g = b, or the halves
+    of a's rows when b is None."""
+    return _n("SWIGLU_OAI", a, b, alpha=alpha, limit=limit)
+
+
 def builders_for(d: OpDef) -> list[str]:
     """Names of the public builders of op ``d`` (for docs)."""
     stem = d.key.lower()
-    return [n for n in (stem, stem + "_inplace") if n in globals()]
+    suffixes = ("", "_inplace", "_swapped", "_split", "_ext", "_circular", "_ext_circular", "_top_k")
+    return [stem + x for x in suffixes if stem + x in globals()]
 
 
 __all__ = [n for n, v in list(globals().items())

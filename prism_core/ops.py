@@ -146,6 +146,13 @@ class GluOp(enum.IntEnum):
     GEGLU_QUICK = 5
 
 
+class SortOrder(enum.IntEnum):
+    """ggml_sort_order (op_params[0] of an ARGSORT node)."""
+
+    ASC = 0
+    DESC = 1
+
+
 OP_COUNT = len(Op)
 UNARY_OP_COUNT = len(UnaryOp)
 GLU_OP_COUNT = len(GluOp)

@@ -16,10 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidArgument, ShapeMismatch, TypeMismatch
-from .ops import GluOp, Op, UnaryOp
+import numpy as np
+
+from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
+from .ops import GluOp, Op, SortOrder, UnaryOp
 from .params import Param
-from .tensor import Flag, Tensor, check_ne, contiguous_strides, nbytes_of
+from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of
 from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
 
 FLOATS = frozenset({F32, F16, BF16})
@@ -347,6 +349,110 @@ def _opt_step_rule(n_params: int, moments: tuple[str, ...]) -> Rule:
     return rule
 
 
+def _concat_rule(d, s, p):
+    a, b, dim = s["a"], s["b"], p["dim"]
+    if a.type != b.type:
+        _fail(d, f"a has type {traits(a.type).name} but b has {traits(b.type).name}; they must be equal",
+              TypeMismatch)
+    for i in range(4):
+        if i != dim and a.ne[i] != b.ne[i]:
+            _fail(d, f"a (ne={list(a.ne)}) and b (ne={list(b.ne)}) differ in dim {i}; "
+                     f"only the concatenated dim {dim} may differ")
+    ne = list(a.ne)
+    ne[dim] += b.ne[dim]
+    return Out(a.type, tuple(ne))
+
+
+def _diag_rule(d, s, p):
+    a = s["a"]
+    if a.ne[1] != 1:
+        _fail(d, f"a must have ne[1] == 1 (a row vector per matrix), has ne={list(a.ne)}")
+    return Out(a.type, (a.ne[0], a.ne[0], a.ne[2], a.ne[3]))
+
+
+_PADS = ("lp0", "rp0", "lp1", "rp1", "lp2", "rp2", "lp3", "rp3")
+
+
+def _pad_rule(d, s, p):
+    a = s["a"]
+    ne = tuple(a.ne[i] + p[_PADS[2 * i]] + p[_PADS[2 * i + 1]] for i in range(4))
+    if p["circular"]:
+        for i in range(4):
+            if a.ne[i] == 0 and ne[i] > 0:
+                _fail(d, f"circular padding of dim {i} needs a non-empty source, a has ne={list(a.ne)}")
+    return Out(a.type, check_ne(ne, f"{d.key}: result ne"))
+
+
+def _pad_reflect_rule(d, s, p):
+    a = s["a"]
+    if not a.is_contiguous():
+        _fail(d, "a must be contiguous", InvalidArgument)
+    for k in ("p0", "p1"):
+        if p[k] >= a.ne[0]:
+            _fail(d, f"{k}={p[k]} must be less than a.ne[0]={a.ne[0]} (the edge is not repeated)",
+                  InvalidArgument)
+    return Out(a.type, (a.ne[0] + p["p0"] + p["p1"], a.ne[1], a.ne[2], a.ne[3]))
+
+
+def arange_count(start: float, stop: float, step: float) -> float:
+    """ggml's element count ``ceilf((stop - start) / step)``, evaluated in float32 as ggml does."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        q = (np.float32(stop) - np.float32(start)) / np.float32(step)
+    return float(np.ceil(q))
+
+
+def _arange_rule(d, s, p):
+    start, stop, step = p["start"], p["stop"], p["step"]
+    if step == 0:
+        _fail(d, "step must be non-zero", InvalidArgument)
+    if not stop > start:
+        _fail(d, f"stop={stop} must be greater than start={start} (ggml's ranges increase)", InvalidArgument)
+    if step < 0:
+        _fail(d, f"step={step} is negative, so [start={start}, stop={stop}) gives an empty range",
+              InvalidArgument)
+    n = arange_count(start, stop, step)
+    if not math.isfinite(n) or n > MAX_NE:
+        _fail(d, f"[{start}, {stop}) in steps of {step} has {n} elements, over the bound 2**62", BoundExceeded)
+    if n < 1:
+        _fail(d, f"[{start}, {stop}) in steps of {step} is empty in float32", InvalidArgument)
+    return Out(F32, (int(n), 1, 1, 1))
+
+
+def _timestep_rule(d, s, p):
+    t = s["timesteps"]
+    if t.ne[1:] != (1, 1, 1):
+        _fail(d, f"timesteps must be a vector (ne[1] = ne[2] = ne[3] = 1), has ne={list(t.ne)}")
+    if not t.is_contiguous():
+        _fail(d, "timesteps must be contiguous", InvalidArgument)
+    return Out(F32, (p["dim"], t.ne[0], 1, 1))
+
+
+def _argsort_rule(d, s, p):
+    a = s["a"]
+    if a.ne[0] > INT32_MAX:
+        _fail(d, f"rows of {a.ne[0]} elements cannot be indexed by int32", BoundExceeded)
+    return Out(I32, a.ne)
+
+
+def _glu_rule(d, s, p):
+    a, b = s["a"], s.get("b")
+    if not a.is_contiguous_n(1):
+        _fail(d, "a must be contiguous apart from its rows' stride (ggml_is_contiguous_1)", InvalidArgument)
+    if b is None:
+        if a.ne[0] % 2:
+            _fail(d, f"a.ne[0]={a.ne[0]} must be even: each row is split into halves x and g")
+        return Out(a.type, (a.ne[0] // 2, a.ne[1], a.ne[2], a.ne[3]))
+    if p["swapped"]:
+        _fail(d, "swapped applies to the unsplit form only; with b, x = a and g = b", InvalidArgument)
+    if not b.is_contiguous_n(1):
+        _fail(d, "b must be contiguous apart from its rows' stride (ggml_is_contiguous_1)", InvalidArgument)
+    if b.type != a.type:
+        _fail(d, f"b has type {traits(b.type).name} but a has {traits(a.type).name}; they must be equal",
+              TypeMismatch)
+    _same_shape(d, s, "a", "b")
+    return Out(a.type, a.ne)
+
+
 # ------------------------------------------------------------------ declarations
 A = (Src("a", FLOATS),)
 AB = (Src("a", FLOATS), Src("b", FLOATS))
@@ -377,6 +483,9 @@ define("REPEAT", Op.REPEAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _repeat_
        "a tiled to b's shape (only b's shape is read)")
 define("REPEAT_BACK", Op.REPEAT_BACK, (Src("a", FLOATS), Src("b", ANY_PLAIN)), _repeat_back_rule,
        "sum of a's tiles, giving b's shape (adjoint of REPEAT)")
+define("CONCAT", Op.CONCAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _concat_rule,
+       "a and b (same type) joined along dim; every other extent must match",
+       params=(Param("dim", int, min=0, max=3, doc="dim to concatenate along, 0..3"),))
 define("SILU_BACK", Op.SILU_BACK, (Src("grad", FLOATS), Src("x", FLOATS)), _pair_rule("grad", "x"),
        "grad * s(x) * (1 + x (1 - s(x))), s the logistic sigmoid")
 define("NORM", Op.NORM, (Src("a", ONLY_F32),), same_as(), "(x - mean) / sqrt(var + eps) per row",
@@ -385,6 +494,12 @@ define("RMS_NORM", Op.RMS_NORM, (Src("a", ONLY_F32),), same_as(), "x / sqrt(mean
        params=EPS, inplace=True)
 define("RMS_NORM_BACK", Op.RMS_NORM_BACK, (Src("dz", ONLY_F32), Src("x", ONLY_F32)), _pair_rule("dz", "x"),
        "gradient of rms_norm: (dz - x <x,dz>/(sum x^2 + n eps)) / sqrt(mean(x^2) + eps)", params=EPS)
+define("GROUP_NORM", Op.GROUP_NORM, (Src("a", ONLY_F32),), same_as(),
+       "(x - mean) / sqrt(var + eps) over groups of ceil(ne2 / n_groups) channels (dim 2): "
+       "mean and var over ne0*ne1*channels, per i3",
+       params=(Param("n_groups", int, min=1, max=INT32_MAX), Param("eps", float, 1e-6, min=0.0)), inplace=True)
+define("L2_NORM", Op.L2_NORM, (Src("a", ONLY_F32),), same_as(), "x / max(||x||_2, eps) per row",
+       params=(Param("eps", float, 0.0, min=0.0, doc="lower bound of the row norm"),), inplace=True)
 define("MUL_MAT", Op.MUL_MAT, AB, _mul_mat_rule,
        "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
 define("OUT_PROD", Op.OUT_PROD, AB, _out_prod_rule,
@@ -411,6 +526,8 @@ define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32}), Src("b", frozenset({I
 define("GET_ROWS_BACK", Op.GET_ROWS_BACK,
        (Src("a", FLOATS), Src("b", frozenset({I32})), Src("c", ANY_PLAIN)), _get_rows_back_rule,
        "zeros of c's shape with row b[i] += a[:, i] (adjoint of GET_ROWS)")
+define("DIAG", Op.DIAG, (Src("a", ONLY_F32),), _diag_rule,
+       "a [n, 1, ne2, ne3] -> [n, n, ne2, ne3] with a on the diagonal and 0 elsewhere")
 for _op, _f in ((Op.DIAG_MASK_INF, "-inf"), (Op.DIAG_MASK_ZERO, "0")):
     define(_op.name, _op, (Src("a", ONLY_F32),), same_as(),
            f"element (i, j) of each matrix set to {_f} where column i > n_past + row j",
@@ -424,6 +541,23 @@ define("SOFT_MAX_BACK", Op.SOFT_MAX_BACK, (Src("dy", ONLY_F32), Src("y", ONLY_F3
        params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), nmse=1e-6)
 define("CLAMP", Op.CLAMP, A, _clamp_rule, "min(max(x, min), max)",
        params=(Param("min", float), Param("max", float)), inplace=True, family="unary")
+define("PAD", Op.PAD, (Src("a", ONLY_F32),), _pad_rule,
+       "a with lp_i / rp_i elements added before / after dim i: zeros, or a's values wrapped around "
+       "(circular)",
+       params=tuple(Param(n, int, 0, min=0, max=INT32_MAX) for n in _PADS) + (Param("circular", bool, False),))
+define("PAD_REFLECT_1D", Op.PAD_REFLECT_1D, (Src("a", ONLY_F32),), _pad_reflect_rule,
+       "a with p0 / p1 elements mirrored before / after each row, the edge not repeated",
+       params=(Param("p0", int, min=0, max=INT32_MAX), Param("p1", int, min=0, max=INT32_MAX)))
+define("ARANGE", Op.ARANGE, (), _arange_rule,
+       "F32 [ceil((stop - start) / step)]: start + i * step (no source tensor)",
+       params=(Param("start", float), Param("stop", float), Param("step", float, 1.0)))
+define("TIMESTEP_EMBEDDING", Op.TIMESTEP_EMBEDDING, (Src("timesteps", ONLY_F32),), _timestep_rule,
+       "F32 [dim, N]: cos(t f_j) at j, sin(t f_j) at j + dim/2, f_j = max_period^(-j / (dim/2)); "
+       "odd dim: last column 0",
+       params=(Param("dim", int, min=1, max=INT32_MAX), Param("max_period", int, 10000, min=1, max=INT32_MAX)))
+define("ARGSORT", Op.ARGSORT, (Src("a", ONLY_F32),), _argsort_rule,
+       "I32 indices that sort each row ASC or DESC (tie order unspecified in ggml; stable here)",
+       params=(Param("order", SortOrder, SortOrder.ASC),), nmse=0.0)
 define("LEAKY_RELU", Op.LEAKY_RELU, A, same_as(), "max(x, 0) + negative_slope * min(x, 0)",
        params=(Param("negative_slope", float),), inplace=True, family="unary")
 
@@ -457,6 +591,20 @@ define("OPT_STEP_ADAMW", Op.OPT_STEP_ADAMW,
        "AdamW step on a in place; params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]")
 define("OPT_STEP_SGD", Op.OPT_STEP_SGD, tuple(Src(n, ONLY_F32) for n in ("a", "grad", "params")),
        _opt_step_rule(2, ()), "SGD step on a in place; params = [alpha, wd]: a = a (1 - alpha wd) - alpha grad")
+
+
+GLU_DOCS = {
+    GluOp.REGLU: "relu(x) * g", GluOp.GEGLU: "gelu(x) * g (tanh approximation)", GluOp.SWIGLU: "silu(x) * g",
+    GluOp.SWIGLU_OAI: "x' sigmoid(alpha x') (g' + 1), x' = min(x, limit), g' = clamp(g, -limit, limit)",
+    GluOp.GEGLU_ERF: "gelu_erf(x) * g", GluOp.GEGLU_QUICK: "x sigmoid(1.702 x) * g",
+}
+GLU_SRCS = (Src("a", FLOATS), Src("b", FLOATS, True))
+GLU_SWAPPED = (Param("swapped", bool, False, doc="unsplit form: x is the second half of each row"),)
+SWIGLU_OAI_PARAMS = (Param("alpha", float), Param("limit", float, min=0.0))
+for _g in GluOp:
+    define(_g.name, Op.GLU, GLU_SRCS, _glu_rule,
+           GLU_DOCS[_g] + "; x, g = the halves of each row of a (result ne0 = a.ne0 / 2), or x = a, g = b",
+           sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()))
 
 
 def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]) -> Out | ViewOut:

@@ -9,37 +9,17 @@ and compares them afterwards.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+from helpers import refused
 
 import prism_core as pc
 from prism_core import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch, UnknownBackend, Unsupported
 
 
 # ---------------------------------------------------------------- helpers
-def snapshot(ctx: pc.Context, graph: pc.Graph | None = None) -> tuple:
-    state = (len(ctx.tensors), ctx.used, [id(t) for t in ctx.tensors])
-    if graph is None:
-        return state, None
-    return state, ([id(n) for n in graph.nodes], [id(leaf) for leaf in graph.leafs])
-
-
-@contextmanager
-def refused(cls: type[Exception], match: str, ctx: pc.Context,
-            graph: pc.Graph | None = None) -> Iterator[pytest.ExceptionInfo]:
-    """The body must raise exactly ``cls`` (not merely a subclass or base) with a
-    message matching ``match``, leaving ``ctx`` and ``graph`` as they were."""
-    before = snapshot(ctx, graph)
-    with pytest.raises(cls, match=match) as info:
-        yield info
-    assert info.type is cls, f"expected exactly {cls.__name__}, got {info.type.__name__}: {info.value}"
-    assert isinstance(info.value, pc.PrismError)
-    assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
-
-
 @pytest.fixture
 def ctx() -> pc.Context:
     return pc.Context()

@@ -14,35 +14,14 @@ import math
 
 import numpy as np
 import pytest
+from helpers import full, round_sig, run, verifier
 
 import prism_core as pc
 from prism_core import BF16, F16, F32, I32
 
-VERIFIED: set[str] = set()
+VERIFIED, verifies = verifier()  # op-table keys this module checks
 
 
-def verifies(*keys: str):
-    def deco(f):
-        VERIFIED.update(keys)
-        return f
-    return deco
-
-
-def run(t: pc.Tensor) -> pc.Tensor:
-    pc.compute(t, "numpy", strict=True)
-    return t
-
-
-def full(t: pc.Tensor) -> np.ndarray:
-    return t.numpy().reshape(tuple(reversed(t.ne)))
-
-
-def round_sig(x: float, bits: int) -> float:
-    """Nearest float with ``bits`` significant bits, ties to even (frexp + Python's round)."""
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    m, e = math.frexp(x)
-    return math.ldexp(round(m * 2 ** bits), e - bits)
 
 
 def ints_as_f32(rng, shape, lo=-3, hi=4):

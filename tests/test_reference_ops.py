@@ -6,9 +6,11 @@ Every expectation is written here, from ggml's documented semantics
 scalar loop / plain formula that does not share code or structure with
 ``backends/prism_numpy/kernels.py``. Nothing here calls the kernels' helpers.
 
-Sibling files: test_reference_matrix.py (matrices, indexing, regions, copies and views)
-and test_reference_softmax_loss.py (masks, softmax, losses, optimizer steps). The last
-test of this file checks that the three together verify every key of the op table.
+Sibling files: test_reference_matrix.py (matrices, indexing, regions, copies and views),
+test_reference_softmax_loss.py (masks, softmax, losses, optimizer steps) and
+test_reference_more_ops.py (GLU sub-ops, concat, diag, padding, arange, timestep
+embedding, argsort, l2/group norm). The last test of this file checks that all of them
+together verify every key of the op table.
 """
 
 from __future__ import annotations
@@ -20,42 +22,14 @@ import pathlib
 
 import numpy as np
 import pytest
+from helpers import full, round_sig, run, verifier
 
 import prism_core as pc
 from prism_core import BF16, F16, F32, I32, I64
 
-VERIFIED: set[str] = set()  # op-table keys this module checks
+VERIFIED, verifies = verifier()  # op-table keys this module checks
 
 
-def verifies(*keys: str):
-    """Record that the decorated test verifies the op-table ``keys``."""
-    def deco(f):
-        VERIFIED.update(keys)
-        return f
-    return deco
-
-
-def run(t: pc.Tensor) -> pc.Tensor:
-    pc.compute(t, "numpy", strict=True)
-    return t
-
-
-def full(t: pc.Tensor) -> np.ndarray:
-    """Values as a 4-dim array (ne3, ne2, ne1, ne0)."""
-    return t.numpy().reshape(tuple(reversed(t.ne)))
-
-
-def round_sig(x: float, bits: int) -> float:
-    """``x`` rounded to the nearest float with ``bits`` significant bits, ties to even.
-
-    Written with frexp and Python's half-to-even ``round`` (exact for these power-of-two
-    scalings), not with the bit manipulation used by prism_core. Normal range only:
-    bits=24 is float32, 11 is float16, 8 is bfloat16.
-    """
-    if x == 0.0 or not math.isfinite(x):
-        return x
-    m, e = math.frexp(x)
-    return math.ldexp(round(m * 2 ** bits), e - bits)
 
 
 SIG_BITS = {F32: 24, F16: 11, BF16: 8}
@@ -556,7 +530,8 @@ def test_every_op_key_is_verified():
     here = pathlib.Path(__file__)
     keys = set(VERIFIED)
     siblings = sorted(p for p in here.parent.glob("test_reference_*.py") if p != here)
-    assert {p.name for p in siblings} >= {"test_reference_matrix.py", "test_reference_softmax_loss.py"}
+    assert {p.name for p in siblings} >= {"test_reference_matrix.py", "test_reference_softmax_loss.py",
+                                          "test_reference_more_ops.py"}
     for path in siblings:
         spec = importlib.util.spec_from_file_location(f"_prism_refcov_{path.stem}", path)
         mod = importlib.util.module_from_spec(spec)

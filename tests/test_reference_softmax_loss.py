@@ -14,29 +14,16 @@ import math
 
 import numpy as np
 import pytest
+from helpers import full, run, verifier
 
 import prism_core as pc
 from prism_core import F16, F32
 
-VERIFIED: set[str] = set()
+VERIFIED, verifies = verifier()  # op-table keys this module checks
+
+
 INF = math.inf
 LN2, LN3 = math.log(2), math.log(3)
-
-
-def verifies(*keys: str):
-    def deco(f):
-        VERIFIED.update(keys)
-        return f
-    return deco
-
-
-def run(t: pc.Tensor) -> pc.Tensor:
-    pc.compute(t, "numpy", strict=True)
-    return t
-
-
-def full(t: pc.Tensor) -> np.ndarray:
-    return t.numpy().reshape(tuple(reversed(t.ne)))
 
 
 # ---------------------------------------------------------------- diagonal masks

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from prism_core import Tensor, UnaryOp
+from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
 from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
 
@@ -382,3 +382,115 @@ def _sgd(n: Tensor) -> None:
     a, g, p_t = n.src
     alpha, wd = val(p_t).reshape(-1)
     store(n, val(a) * (1 - alpha * wd) - alpha * val(g))
+
+
+# ---------------------------------------------------------------- joins, padding, generators
+@kernel("CONCAT")
+def _concat(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    axis = 3 - n.params["dim"]  # NumPy order reverses ggml's dims
+    n.host()[...] = np.concatenate([a.host(), b.host()], axis=axis)  # same type: an exact copy
+
+
+@kernel("DIAG")
+def _diag(n: Tensor) -> None:
+    x = val(n.src[0])[:, :, 0, :]  # (ne3, ne2, ne0)
+    on_diag = np.eye(n.ne[0], dtype=bool)
+    store(n, np.where(on_diag, x[:, :, None, :], 0.0))  # out[i3, i2, i1, i0] = x[i3, i2, i0] if i0 == i1
+
+
+@kernel("PAD")
+def _pad(n: Tensor) -> None:
+    p = n.params
+    widths = [(p[f"lp{i}"], p[f"rp{i}"]) for i in (3, 2, 1, 0)]
+    x = val(n.src[0])
+    store(n, np.pad(x, widths, mode="wrap" if p["circular"] else "constant"))
+
+
+@kernel("PAD_REFLECT_1D")
+def _pad_reflect_1d(n: Tensor) -> None:
+    p = n.params
+    x = val(n.src[0])
+    store(n, np.pad(x, [(0, 0), (0, 0), (0, 0), (p["p0"], p["p1"])], mode="reflect"))
+
+
+@kernel("ARANGE")
+def _arange(n: Tensor) -> None:
+    p = n.params
+    store(n, p["start"] + np.arange(n.ne[0], dtype=np.float64) * p["step"])
+
+
+@kernel("TIMESTEP_EMBEDDING")
+def _timestep_embedding(n: Tensor) -> None:
+    dim, max_period = n.params["dim"], n.params["max_period"]
+    half = dim // 2
+    t = val(n.src[0]).reshape(-1)[:, None]  # (N, 1)
+    freqs = np.exp(-math.log(max_period) * np.arange(half) / half) if half else np.zeros(0)
+    out = np.zeros((t.shape[0], dim))
+    out[:, :half] = np.cos(t * freqs)
+    out[:, half:2 * half] = np.sin(t * freqs)  # odd dim: the last column stays 0
+    store(n, out)
+
+
+@kernel("ARGSORT")
+def _argsort(n: Tensor) -> None:
+    x = val(n.src[0])
+    if n.params["order"] == SortOrder.DESC:
+        x = -x
+    # stable: equal values keep their index order (ggml leaves it unspecified)
+    n.host()[...] = np.argsort(x, axis=-1, kind="stable").astype(np.int32)
+
+
+# ---------------------------------------------------------------- normalisation (more)
+@kernel("L2_NORM")
+def _l2_norm(n: Tensor) -> None:
+    x = val(n.src[0])
+    norm = np.sqrt((x * x).sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore", divide="ignore"):  # a zero row with eps 0 gives NaN, as in ggml
+        store(n, x / np.maximum(norm, n.params["eps"]))
+
+
+@kernel("GROUP_NORM")
+def _group_norm(n: Tensor) -> None:
+    x = val(n.src[0])  # (ne3, ne2, ne1, ne0): channels are axis 1
+    out = np.empty_like(x)
+    channels = x.shape[1]
+    per = -(-channels // n.params["n_groups"])  # groups of ceil(ne2 / n_groups) channels; the last may be short
+    if x.size == 0:
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for start in range(0, channels, per):
+            g = x[:, start:start + per]
+            mean = g.mean(axis=(1, 2, 3), keepdims=True)
+            c = g - mean
+            var = (c * c).mean(axis=(1, 2, 3), keepdims=True)
+            out[:, start:start + per] = c / np.sqrt(var + n.params["eps"])
+    store(n, out)
+
+
+# ---------------------------------------------------------------- gated linear units
+_GLU_ACT: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "REGLU": _UNARY[U.RELU.name], "GEGLU": _gelu, "SWIGLU": _UNARY[U.SILU.name],
+    "GEGLU_ERF": _UNARY[U.GELU_ERF.name], "GEGLU_QUICK": _UNARY[U.GELU_QUICK.name],
+}
+
+
+@kernel(*_GLU_ACT, "SWIGLU_OAI")
+def _glu(n: Tensor) -> None:
+    a = val(n.src[0])
+    b = n.src[1] if len(n.src) > 1 else None
+    if b is None:
+        half = a.shape[-1] // 2
+        x, g = a[..., :half], a[..., half:2 * half]
+        if n.params["swapped"]:
+            x, g = g, x
+    else:
+        x, g = a, val(b)
+    key = n.opdef.key
+    with np.errstate(over="ignore"):
+        if key == "SWIGLU_OAI":
+            limit = n.params["limit"]
+            xc = np.minimum(x, limit)
+            store(n, xc * _sigmoid(n.params["alpha"] * xc) * (np.clip(g, -limit, limit) + 1.0))
+        else:
+            store(n, _GLU_ACT[key](x) * g)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import build as B
 from ..context import Context
-from ..ops import UnaryOp
+from ..ops import GluOp, SortOrder, UnaryOp
 from ..optable import OPS, OpDef
 from ..tensor import Tensor
 from ..types import BF16, F16, F32, I32, GGMLType, traits
@@ -384,6 +384,140 @@ def cross_entropy_back_cases(d: OpDef) -> Iterator[Case]:
             leaf(c, r, F32, (1,), 0.5, 2), leaf(c, r, F32, ne, -3, 3), leaf(c, r, F32, ne, 0, 1))))
 
 
+@family("CONCAT")
+def concat_cases(d: OpDef) -> Iterator[Case]:
+    base = (10, 5, 4, 3)
+    for dim, t in itertools.product(range(4), (F32, I32, F16)):
+        if t == F16 and dim not in (0, 2):
+            continue
+        b_ne = tuple(3 if i == dim else n for i, n in enumerate(base))
+        lo, hi = (-100, 100) if t == I32 else (-1, 1)
+        yield Case(d.key, f"a={dims(base)},b={dims(b_ne)},dim={dim},{tname(t)}",
+                   lambda c, r, dim=dim, t=t, b_ne=b_ne, lo=lo, hi=hi: Built(B.concat(
+                       leaf(c, r, t, base, lo, hi), leaf(c, r, t, b_ne, lo, hi), dim)))
+    for dim in (0, 1):
+        yield Case(d.key, f"a=[6,4,3,2] permuted,b rowgap,dim={dim}", lambda c, r, dim=dim: Built(B.concat(
+            leaf(c, r, F32, (6, 4, 3, 2), layout="permuted"),
+            leaf(c, r, F32, (6 if dim else 2, 4 if dim == 0 else 5, 3, 2), layout="rowgap"), dim)))
+
+
+@family("DIAG")
+def diag_cases(d: OpDef) -> Iterator[Case]:
+    for ne, layout in [((10, 1, 3, 2), "contiguous"), ((1, 1, 1, 1), "contiguous"), ((7, 1, 1, 1), "contiguous"),
+                       ((6, 1, 4, 2), "rowgap")]:
+        yield Case(d.key, f"ne={dims(ne)},{layout}", lambda c, r, ne=ne, layout=layout: Built(
+            B.diag(leaf(c, r, F32, ne, layout=layout))))
+
+
+@family("PAD")
+def pad_cases(d: OpDef) -> Iterator[Case]:
+    grid = [((10, 5, 4, 3), (0, 1, 0, 2, 0, 0, 0, 1), False), ((10, 5, 4, 3), (2, 1, 1, 2, 3, 0, 1, 1), False),
+            ((16, 3), (0, 0, 4, 4, 0, 0, 0, 0), False), ((10, 5, 4, 3), (2, 1, 1, 2, 3, 0, 1, 1), True),
+            ((5, 3, 2, 1), (7, 12, 4, 0, 0, 3, 1, 0), True)]
+    for ne, pads, circ in grid:
+        kw = dict(zip(("lp0", "rp0", "lp1", "rp1", "lp2", "rp2", "lp3", "rp3"), pads))
+        yield Case(d.key, f"ne={dims(ne)},pads={dims(pads)}" + (",circular" if circ else ""),
+                   lambda c, r, ne=ne, kw=kw, circ=circ: Built(B.pad_ext(leaf(c, r, F32, ne), circular=circ, **kw)))
+    for circ in (False, True):
+        yield Case(d.key, "ne=[6,4,3,2],permuted" + (",circular" if circ else ""), lambda c, r, circ=circ: Built(
+            B.pad_ext(leaf(c, r, F32, (6, 4, 3, 2), layout="permuted"), 1, 2, 3, 0, 0, 1, 1, 0, circular=circ)))
+    yield Case(d.key, "ne=[7,3,2],rowgap,pad(3,1)", lambda c, r: Built(
+        B.pad(leaf(c, r, F32, (7, 3, 2), layout="rowgap"), 3, 1)))
+
+
+@family("PAD_REFLECT_1D")
+def pad_reflect_cases(d: OpDef) -> Iterator[Case]:
+    for ne, p0, p1 in [((512, 34, 2, 1), 10, 9), ((10, 5, 4, 3), 0, 0), ((10, 5, 4, 3), 9, 9), ((2, 3), 1, 0),
+                       ((5, 2), 0, 4)]:
+        yield Case(d.key, f"ne={dims(ne)},p0={p0},p1={p1}", lambda c, r, ne=ne, p0=p0, p1=p1: Built(
+            B.pad_reflect_1d(leaf(c, r, F32, ne), p0, p1)))
+
+
+@family("ARANGE")
+def arange_cases(d: OpDef) -> Iterator[Case]:
+    for start, stop, step in [(0.0, 10.0, 1.0), (-3.0, 3.0, 0.25), (0.5, 100.0, 0.7), (0.0, 1.0, 0.1),
+                              (-1e3, 1e3, 3.0), (2.0, 2.5, 5.0)]:
+        yield Case(d.key, f"start={start},stop={stop},step={step}", lambda c, r, start=start, stop=stop, step=step:
+                   Built(B.arange(c, start, stop, step)))
+
+
+@family("TIMESTEP_EMBEDDING")
+def timestep_embedding_cases(d: OpDef) -> Iterator[Case]:
+    for n, dim, max_period, hi in [(2, 320, 10000, 1.0), (5, 15, 10000, 100.0), (3, 64, 100, 1000.0),
+                                   (4, 1, 10000, 10.0), (7, 2, 5, 10.0)]:
+        yield Case(d.key, f"N={n},dim={dim},max_period={max_period},t in [0,{hi})",
+                   lambda c, r, n=n, dim=dim, max_period=max_period, hi=hi: Built(B.timestep_embedding(
+                       leaf(c, r, F32, (n,), 0.0, hi), dim, max_period)))
+
+
+def _distinct_rows(c: Context, r: np.random.Generator, ne, layout: str = "contiguous") -> Tensor:
+    """An F32 leaf whose rows hold distinct values (a permutation of quarter steps), so that
+    sorting has no ties: ggml leaves the order of equal values unspecified."""
+    t = leaf(c, r, F32, ne, layout=layout)
+    base = t.base
+    rows = base.ne[1] * base.ne[2] * base.ne[3]
+    vals = np.stack([r.permutation(base.ne[0]) for _ in range(rows)]) - base.ne[0] / 2
+    base.set((vals / 4).astype(np.float32).reshape(tuple(reversed(base.ne))))
+    return t
+
+
+@family("ARGSORT")
+def argsort_cases(d: OpDef) -> Iterator[Case]:
+    for ne, order in itertools.product([(8, 16), (16, 10, 3, 2), (1, 5), (100, 3)], SortOrder):
+        yield Case(d.key, f"ne={dims(ne)},{order.name}", lambda c, r, ne=ne, order=order: Built(
+            B.argsort(_distinct_rows(c, r, ne), order)))
+    yield Case(d.key, "ne=[9,4,2],DESC,rowgap", lambda c, r: Built(
+        B.argsort(_distinct_rows(c, r, (9, 4, 2), "rowgap"), SortOrder.DESC)))
+    yield Case(d.key, "top_k k=3 of ne=[12,5,2]", lambda c, r: Built(
+        B.argsort_top_k(_distinct_rows(c, r, (12, 5, 2)), 3)))
+
+
+@family("L2_NORM")
+def l2_norm_cases(d: OpDef) -> Iterator[Case]:
+    for eps, layout in itertools.product((0.0, 1e-6, 1e-2, 10.0), ("contiguous", "rowgap")):
+        yield Case(d.key, f"ne=[64,5,4,3],eps={eps},{layout}", lambda c, r, eps=eps, layout=layout: Built(
+            B.l2_norm(leaf(c, r, F32, (64, 5, 4, 3), layout=layout), eps=eps)))
+    yield Case(d.key, "ne=[64,5],eps=1e-6,permuted", lambda c, r: Built(
+        B.l2_norm(leaf(c, r, F32, (64, 5), layout="permuted"), eps=1e-6)))
+    yield Case(d.key, "ne=[64,5],inplace", lambda c, r: Built(B.l2_norm(leaf(c, r, F32, (64, 5)), 1e-6, inplace=True)))
+
+
+@family("GROUP_NORM")
+def group_norm_cases(d: OpDef) -> Iterator[Case]:
+    for ng, eps in itertools.product((1, 3, 4, 5, 12, 20), (1e-6, 0.1)):
+        yield Case(d.key, f"ne=[8,6,12,2],n_groups={ng},eps={eps}", lambda c, r, ng=ng, eps=eps: Built(
+            B.group_norm(leaf(c, r, F32, (8, 6, 12, 2)), ng, eps)))
+    yield Case(d.key, "ne=[64,64,32,1],n_groups=8", lambda c, r: Built(
+        B.group_norm(leaf(c, r, F32, (64, 64, 32, 1)), 8, 1e-6)))
+    yield Case(d.key, "ne=[7,5,6,2],n_groups=4,rowgap", lambda c, r: Built(
+        B.group_norm(leaf(c, r, F32, (7, 5, 6, 2), layout="rowgap"), 4, 1e-5)))
+    yield Case(d.key, "ne=[7,5,6,2],n_groups=3,permuted", lambda c, r: Built(
+        B.group_norm(leaf(c, r, F32, (7, 5, 6, 2), layout="permuted"), 3, 1e-5)))
+    yield Case(d.key, "ne=[8,3,6],inplace", lambda c, r: Built(
+        B.group_norm(leaf(c, r, F32, (8, 3, 6)), 2, 1e-6, inplace=True)))
+
+
+@family(*(g.name for g in GluOp))
+def glu_cases(d: OpDef) -> Iterator[Case]:
+    oai = d.sub == GluOp.SWIGLU_OAI
+    variants = [{"alpha": a, "limit": lim} for a in (0.5, 1.702) for lim in (2.0, 7.0)] if oai else [{}]
+    lo, hi = (-3.0, 3.0) if not oai else (-9.0, 9.0)
+    for ne, t, kw in itertools.product([(128, 2, 2, 2), (10, 7, 11, 13)], _types(d), variants):
+        p = "".join(f",{k}={v}" for k, v in kw.items())
+        for swapped in (False, True):
+            yield Case(d.key, f"ne={dims(ne)},{tname(t)}{p},swapped={int(swapped)}",
+                       lambda c, r, ne=ne, t=t, kw=kw, swapped=swapped: Built(B.node(
+                           d.key, leaf(c, r, t, ne, lo, hi), swapped=swapped, **kw)))
+        half = (ne[0] // 2, *ne[1:])
+        yield Case(d.key, f"split,ne={dims(half)},{tname(t)}{p}", lambda c, r, half=half, t=t, kw=kw: Built(
+            B.node(d.key, leaf(c, r, t, half, lo, hi), leaf(c, r, t, half, lo, hi), **kw)))
+    kw = variants[-1]
+    yield Case(d.key, "ne=[12,5,3,2],f32,rowgap,swapped=1", lambda c, r: Built(B.node(
+        d.key, leaf(c, r, F32, (12, 5, 3, 2), lo, hi, "rowgap"), swapped=True, **kw)))
+    yield Case(d.key, "split,ne=[6,5,3,2],f32,a rowgap,b rowgap", lambda c, r: Built(B.node(
+        d.key, leaf(c, r, F32, (6, 5, 3, 2), lo, hi, "rowgap"), leaf(c, r, F32, (6, 5, 3, 2), lo, hi, "rowgap"), **kw)))
+
+
 def _param(c: Context, r: np.random.Generator, ne) -> Tensor:
     return leaf(c, r, F32, ne).set_param()
 
@@ -421,3 +555,4 @@ def all_cases(ops: list[str] | None = None) -> list[Case]:
 
 
 assert {u.name for u in UnaryOp} <= set(CASES), "every unary sub-op needs conformance cases"
+assert {g.name for g in GluOp} <= set(CASES), "every GLU sub-op needs conformance cases"

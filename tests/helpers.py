@@ -1,0 +1,65 @@
+"""Helpers shared by the project's tests (pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+
+
+def verifier() -> tuple[set[str], Callable]:
+    """A module's set of op-table keys verified independently, and the decorator that
+    records them (test_reference_ops.py checks that the union covers the op table)."""
+    keys: set[str] = set()
+
+    def verifies(*ks: str):
+        def deco(f):
+            keys.update(ks)
+            return f
+        return deco
+    return keys, verifies
+
+
+def run(t: pc.Tensor) -> pc.Tensor:
+    """Compute ``t`` on the reference backend."""
+    pc.compute(t, "numpy", strict=True)
+    return t
+
+
+def full(t: pc.Tensor) -> np.ndarray:
+    """Values as a 4-dim array (ne3, ne2, ne1, ne0)."""
+    return t.numpy().reshape(tuple(reversed(t.ne)))
+
+
+def round_sig(x: float, bits: int) -> float:
+    """``x`` rounded to the nearest float with ``bits`` significant bits, ties to even
+    (frexp + Python's round): an independent model of F16/BF16 rounding."""
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    m, e = math.frexp(x)
+    return math.ldexp(round(m * 2 ** bits), e - bits)
+
+
+def snapshot(ctx: pc.Context, graph: pc.Graph | None = None) -> tuple:
+    state = (len(ctx.tensors), ctx.used, [id(t) for t in ctx.tensors])
+    if graph is None:
+        return state, None
+    return state, ([id(n) for n in graph.nodes], [id(leaf) for leaf in graph.leafs])
+
+
+@contextmanager
+def refused(cls: type[Exception], match: str, ctx: pc.Context,
+            graph: pc.Graph | None = None) -> Iterator[pytest.ExceptionInfo]:
+    """The body must raise exactly ``cls`` (not merely a subclass or base) with a
+    message matching ``match``, leaving ``ctx`` and ``graph`` as they were."""
+    before = snapshot(ctx, graph)
+    with pytest.raises(cls, match=match) as info:
+        yield info
+    assert info.type is cls, f"expected exactly {cls.__name__}, got {info.type.__name__}: {info.value}"
+    assert isinstance(info.value, pc.PrismError)
+    assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
