@@ -199,14 +199,13 @@ def argsort_top_k(a: Tensor, k: int) -> Tensor:
     view of its first ``k`` columns (ggml_argsort_top_k). Needs 1 <= k <= a.ne[0]."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise InvalidArgument(f"argsort_top_k: k must be an int, got {k!r}")
-    if isinstance(a, Tensor) and not 1 <= k <= a.ne[0]:
+    if not isinstance(a, Tensor):
+        raise InvalidArgument(f"argsort_top_k: a must be a Tensor, got {type(a).__name__}")
+    if not 1 <= k <= a.ne[0]:
         raise InvalidArgument(f"argsort_top_k: k={k} must be in [1, a.ne[0]={a.ne[0]}]")
-    s = argsort(a, SortOrder.DESC)
-    try:
+    with a.ctx.transaction():
+        s = argsort(a, SortOrder.DESC)
         return view_4d(s, int(k), s.ne[1], s.ne[2], s.ne[3], s.nb[1], s.nb[2], s.nb[3], 0)
-    except Exception:
-        s.ctx._forget(s)
-        raise
 
 
 # ------------------------------------------------------------------ normalisation
@@ -247,12 +246,8 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 def cast(a: Tensor, type: Any) -> Tensor:
     """A new tensor of ``type`` holding a's values (ggml_cast)."""
     from .types import as_type
-    b = a.ctx.new_tensor(as_type(type), a.ne)
-    try:
-        return cpy(a, b)
-    except Exception:
-        a.ctx._forget(b)
-        raise
+    with a.ctx.transaction():
+        return cpy(a, a.ctx.new_tensor(as_type(type), a.ne))
 
 
 def cont(a: Tensor, ne: Sequence[int] = ()) -> Tensor:

@@ -50,6 +50,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print(f"{d.key:<24} {d.op.name}={int(d.op):<3} ({srcs})" + (f" [{params}]" if params else "")
               + (f" {{{', '.join(flags)}}}" if flags else ""))
         print(f"{'':<24} {d.doc}; builders: {', '.join(builders_for(d)) or 'node(' + repr(d.key) + ', ...)'}")
+        if d.differentiable:
+            print(f"{'':<24} gradient for: {', '.join(k for k, r in d.grad.items() if r != 'ignore')}"
+                  + (f" (not: {d.nograd})" if d.nograd else ""))
+        else:
+            print(f"{'':<24} not differentiable: {d.nograd or 'piecewise constant: the gradient is zero'}")
     return 0
 
 
@@ -59,10 +64,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from .conformance.runner import FAIL, run
     from .optable import OPS, opdef
     from .registry import backend, backends
-    if args.mode != "forward":
-        print(f"prism conformance: mode {args.mode!r} is not implemented yet (forward only)", file=sys.stderr)
-        return 2
+    from .conformance.gradcheck import grad_cases, run_grad
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
+    if args.mode == "grad":
+        ops = [k for k in ops if OPS[k].differentiable]
     if not args.backend or "all" in args.backend:
         infos = backends()
         selected = [i.backend for i in infos if i.available]
@@ -71,10 +76,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 print(f"skipping {i.name}: unavailable ({i.reason})")
     else:
         selected = [backend(n) for n in args.backend]
-    cases = all_cases(ops)
+    cases = grad_cases(ops) if args.mode == "grad" else all_cases(ops)
     results = {}
     for b in selected:
-        results[b.name] = run(b, cases)
+        results[b.name] = run_grad(b, cases) if args.mode == "grad" else run(b, cases)
     print(table(results, ops))
     return 1 if any(r.status == FAIL for rs in results.values() for r in rs) else 0
 
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("conformance", help="run the conformance suite and print the op-by-backend table")
     c.add_argument("--backend", action="append", metavar="NAME", help="backend name or 'all' (default: all)")
     c.add_argument("--op", action="append", metavar="OP", help="only this op key (repeatable)")
-    c.add_argument("--mode", default="forward", choices=["forward", "grad"], help="forward values (grad: later)")
+    c.add_argument("--mode", default="forward", choices=["forward", "grad"],
+                   help="forward: values against the reference; grad: gradients against finite differences")
     c.set_defaults(func=cmd_conformance)
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")

@@ -8,6 +8,8 @@ Host memory is allocated lazily, on a tensor's first data access.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -96,12 +98,9 @@ class Context:
         else:
             t = as_type(type)
         ne = tuple(reversed(arr.shape)) or (1,)
-        tensor = self.new_tensor(t, ne, name)
-        try:
+        with self.transaction():
+            tensor = self.new_tensor(t, ne, name)
             tensor.set(arr.reshape(tensor.shape) if arr.ndim else arr)
-        except Exception:
-            self._forget(tensor)
-            raise
         return tensor
 
     def new_view(self, src: Tensor, type: GGMLType, ne: tuple[int, int, int, int],
@@ -115,12 +114,26 @@ class Context:
                                 f"but its storage has {base.nbytes} bytes")
         return self._admit(view, self.cost(type, ne, owns_memory=False))
 
-    def _forget(self, tensor: Tensor) -> None:
-        """Undo the most recent admission (used to roll back a failed construction)."""
-        assert self.tensors and self.tensors[-1] is tensor
-        self.tensors.pop()
-        self.used -= self.cost(tensor.type, tensor.ne, owns_memory=tensor.view_src is None)
-        self._raw.pop(id(tensor), None)
+    def mark(self) -> tuple[int, int]:
+        """A point to :meth:`rollback` to: the tensors created after it are dropped."""
+        return len(self.tensors), self.used
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        n, used = mark
+        for t in self.tensors[n:]:
+            self._raw.pop(id(t), None)
+        del self.tensors[n:]
+        self.used = used
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every tensor created inside is dropped again if the block raises."""
+        mark = self.mark()
+        try:
+            yield
+        except BaseException:
+            self.rollback(mark)
+            raise
 
     # ------------------------------------------------------------ memory
     def _allocate(self, base: Tensor) -> np.ndarray:

@@ -25,6 +25,24 @@ class Graph:
         self.nodes: list[Tensor] = []
         self.leafs: list[Tensor] = []
         self._seen: set[int] = set()
+        self.grads: dict[Tensor, Tensor] = {}  # filled by build_backward
+        self.grad_accs: dict[Tensor, Tensor] = {}
+
+    def grad(self, tensor: Tensor) -> Tensor | None:
+        """The gradient of the loss w.r.t. ``tensor`` (None if it needs none)."""
+        return self.grads.get(tensor)
+
+    def grad_acc(self, tensor: Tensor) -> Tensor | None:
+        """``tensor``'s gradient accumulator, if it has one (losses always do)."""
+        return self.grad_accs.get(tensor)
+
+    def _state(self) -> tuple:
+        return list(self.nodes), list(self.leafs), set(self._seen), dict(self.grads), dict(self.grad_accs)
+
+    def _restore(self, state: tuple) -> None:
+        nodes, leafs, seen, grads, accs = state
+        self.nodes[:], self.leafs[:] = nodes, leafs
+        self._seen, self.grads, self.grad_accs = seen, grads, accs
 
     def expand(self, tensor: Tensor) -> Graph:
         """Add ``tensor`` and every tensor it depends on (sources first)."""

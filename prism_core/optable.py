@@ -73,6 +73,16 @@ class OpDef:
     nmse: float = 1e-7  # conformance bound on the normalised mean squared error
     family: str = ""  # groups ops whose conformance cases share a generator
     fixed: Mapping[str, Any] = field(default_factory=dict)  # params implied by the key (sub-op)
+    # Derivative rules: source name -> rule(B, node, g) giving that source's gradient
+    # contribution (B = prism_core.build), or IGNORE for sources that only supply
+    # indices/shapes and never receive a gradient. A source missing here cannot be
+    # differentiated: asking for its gradient raises Unsupported with ``nograd``.
+    grad: Mapping[str, Any] = field(default_factory=dict)
+    nograd: str = ""
+
+    @property
+    def differentiable(self) -> bool:
+        return any(r is not IGNORE for r in self.grad.values())
 
     @property
     def n_required(self) -> int:
@@ -80,6 +90,7 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+IGNORE = "ignore"  # a source used only for its indices or shape: it gets no gradient
 
 
 def define(key: str, op: Op, srcs: tuple[Src, ...], rule: Rule, doc: str, *,
@@ -148,6 +159,7 @@ def _add1_rule(d, s, p):
     return Out(s["a"].type, s["a"].ne)
 
 
+_REGION_KEYS = ("nb1", "nb2", "nb3", "offset")
 _REGION = (Param("nb1", int, min=0), Param("nb2", int, min=0), Param("nb3", int, min=0),
            Param("offset", int, min=0))
 
@@ -453,45 +465,177 @@ def _glu_rule(d, s, p):
     return Out(a.type, a.ne)
 
 
+# ------------------------------------------------------------------ derivative rules
+# Each rule returns a gradient contribution with its source's extents, built from
+# ordinary ops so that every backend computes gradients with its forward kernels.
+
+def _contig(B, t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else B.cont(t)
+
+
+def _like(B, g: Tensor, src: Tensor) -> Tensor:
+    """g with src's extents (same element count)."""
+    return g if g.ne == src.ne else B.reshape(_contig(B, g), src.ne)
+
+
+def _unbroadcast(B, g: Tensor, src: Tensor) -> Tensor:
+    """The gradient of a source that was broadcast into g: the sum over its tiles."""
+    return g if g.ne == src.ne else B.repeat_back(g, src)
+
+
+def _region_of(B, n: Tensor, g: Tensor) -> Tensor:
+    """The part of g that ACC/SET's b was written to, with b's extents."""
+    p, b = n.params, n.src[1]
+    view = B.view(_contig(B, g), b.ne, (p["nb1"], p["nb2"], p["nb3"]), p["offset"])
+    return _like(B, B.cont(view), b)
+
+
+def _zeros(n: Tensor, ne) -> Tensor:
+    return n.ctx.new_tensor(F32, ne)
+
+
+def _unsupported(msg: str) -> None:
+    from .errors import Unsupported
+    raise Unsupported(msg)
+
+
+def _mul_mat_grad_a(B, n: Tensor, g: Tensor) -> Tensor:
+    a, b = n.src[0], n.src[1]
+    full = B.out_prod(_contig(B, b), g)  # [K, M, B2, B3]: one gradient per b matrix
+    if full.ne == a.ne:
+        return full
+    # a's matrix j served b's matrices j*r .. j*r + r - 1 (block broadcast): sum each run
+    k, m, b2, b3 = full.ne
+    r2, r3 = b2 // a.ne[2], b3 // a.ne[3]
+    s = B.repeat_back(B.reshape(full, (k * m, r2, a.ne[2], b3)), _zeros(n, (k * m, 1, a.ne[2], b3)))
+    s = B.repeat_back(B.reshape(s, (k * m * a.ne[2], r3, a.ne[3], 1)), _zeros(n, (k * m * a.ne[2], 1, a.ne[3], 1)))
+    return B.reshape(s, a.ne)
+
+
+def _view_grad(B, n: Tensor, g: Tensor) -> Tensor:
+    a = n.src[0]
+    if a.type != F32 or not a.is_contiguous():
+        _unsupported(f"VIEW: the gradient of a view of a non-contiguous or non-f32 tensor ({a.label}) "
+                     "is not supported; view a contiguous f32 tensor")
+    nb = n.params["nb"]
+    return B.acc(_zeros(n, a.ne), _contig(B, g), nb[0], nb[1], nb[2], n.params["offset"])
+
+
+def _get_rows_grad(B, n: Tensor, g: Tensor) -> Tensor:
+    a = n.src[0]
+    if a.ne[2] != 1 or a.ne[3] != 1:
+        _unsupported(f"GET_ROWS: the gradient needs a matrix source, {a.label} has ne={list(a.ne)}")
+    return B.get_rows_back(_contig(B, g), n.src[1], a)
+
+
+def _inverse_permute(B, n: Tensor, g: Tensor) -> Tensor:
+    inv = [0] * 4
+    for k, ax in enumerate(n.params["axes"]):
+        inv[ax] = k
+    return B.permute(g, *inv)
+
+
+def _concat_part(which: int):
+    def rule(B, n: Tensor, g: Tensor) -> Tensor:
+        a, src, dim = n.src[0], n.src[which], n.params["dim"]
+        g = _contig(B, g)
+        offset = 0 if which == 0 else a.ne[dim] * g.nb[dim]
+        return B.cont(B.view(g, src.ne, g.nb[1:], offset))
+    return rule
+
+
+def _glu_split_only(part: str):
+    def rule(B, n: Tensor, g: Tensor) -> Tensor:
+        a, b = n.src[0], n.src[1] if len(n.src) > 1 else None
+        if b is None:
+            _unsupported(f"{n.opdef.key}: only the split form (glu_split) is differentiable")
+        return B.silu_back(B.mul(g, b), a) if part == "a" else B.mul(B.silu(a), g)
+    return rule
+
+
+def _step_between(B, x: Tensor, lo: float, hi: float) -> Tensor:
+    """1 where lo < x < hi, else 0 (the derivative mask of clamp)."""
+    return B.mul(B.step(B.scale_bias(x, 1.0, -lo)), B.step(B.scale_bias(x, -1.0, hi)))
+
+
+_G = {  # unary sub-op -> rule for its source; the node n is y
+    "ABS": lambda B, n, g: B.mul(B.sgn(n.src[0]), g),
+    "NEG": lambda B, n, g: B.neg(g),
+    "RELU": lambda B, n, g: B.mul(B.step(n.src[0]), g),
+    "SILU": lambda B, n, g: B.silu_back(g, n.src[0]),
+    "EXP": lambda B, n, g: B.mul(n, g),
+    "EXPM1": lambda B, n, g: B.mul(g, B.exp(n.src[0])),
+    "SOFTPLUS": lambda B, n, g: B.mul(g, B.sigmoid(n.src[0])),
+    "TANH": lambda B, n, g: B.mul(g, B.scale_bias(B.sqr(n), -1.0, 1.0)),
+    "SIGMOID": lambda B, n, g: B.mul(g, B.mul(n, B.scale_bias(n, -1.0, 1.0))),
+}
+PIECEWISE_CONSTANT = {"SGN", "STEP", "FLOOR", "CEIL", "ROUND", "TRUNC"}
+
+
 # ------------------------------------------------------------------ declarations
 A = (Src("a", FLOATS),)
 AB = (Src("a", FLOATS), Src("b", FLOATS))
 EPS = (Param("eps", float, 0.0, min=0.0, doc="added to the variance / mean square"),)
 
-define("DUP", Op.DUP, (Src("a", ANY_PLAIN),), same_as(), "copy of a", inplace=True)
+define("DUP", Op.DUP, (Src("a", ANY_PLAIN),), same_as(), "copy of a", inplace=True,
+       grad={"a": lambda B, n, g: g})
+_BINARY_GRADS = {
+    Op.ADD: {"a": lambda B, n, g: g, "b": lambda B, n, g: _unbroadcast(B, g, n.src[1])},
+    Op.SUB: {"a": lambda B, n, g: g, "b": lambda B, n, g: _unbroadcast(B, B.neg(g), n.src[1])},
+    Op.MUL: {"a": lambda B, n, g: B.mul(g, n.src[1]),
+             "b": lambda B, n, g: _unbroadcast(B, B.mul(n.src[0], g), n.src[1])},
+    Op.DIV: {"a": lambda B, n, g: B.div(g, n.src[1]),
+             "b": lambda B, n, g: _unbroadcast(B, B.neg(B.mul(g, B.div(n, n.src[1]))), n.src[1])},
+}
 for _op, _f in ((Op.ADD, "a + b"), (Op.SUB, "a - b"), (Op.MUL, "a * b"), (Op.DIV, "a / b")):
     define(_op.name, _op, AB, _broadcast_rule, f"{_f}, b broadcast into a by modulo indexing",
-           inplace=True, family="binary")
-define("ADD1", Op.ADD1, AB, _add1_rule, "a + b, b a one-element tensor", inplace=True)
+           inplace=True, family="binary", grad=_BINARY_GRADS[_op])
+define("ADD1", Op.ADD1, AB, _add1_rule, "a + b, b a one-element tensor", inplace=True,
+       grad={"a": lambda B, n, g: g, "b": lambda B, n, g: _like(B, B.sum(g), n.src[1])})
 define("ACC", Op.ACC, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _region_rule,
        "copy of a with b added into the strided region (nb1, nb2, nb3, offset in bytes)",
-       params=_REGION, inplace=True)
+       params=_REGION, inplace=True, grad={"a": lambda B, n, g: g, "b": lambda B, n, g: _region_of(B, n, g)})
 define("SET", Op.SET, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _set_rule,
        "copy of a with b written into the strided region (nb1, nb2, nb3, offset in bytes)",
-       params=_REGION, inplace=True)
+       params=_REGION, inplace=True, grad={
+           "a": lambda B, n, g: B.set(_contig(B, g), _zeros(n, n.src[1].ne), *(n.params[k] for k in _REGION_KEYS)),
+           "b": lambda B, n, g: _region_of(B, n, g)})
+_MATH_GRADS = {
+    Op.SQR: lambda B, n, g: B.scale(B.mul(n.src[0], g), 2.0),
+    Op.SQRT: lambda B, n, g: B.scale(B.div(g, n), 0.5),
+    Op.LOG: lambda B, n, g: B.div(g, n.src[0]),
+    Op.SIN: lambda B, n, g: B.mul(g, B.cos(n.src[0])),
+    Op.COS: lambda B, n, g: B.neg(B.mul(g, B.sin(n.src[0]))),
+}
 for _op, _f in ((Op.SQR, "x^2"), (Op.SQRT, "sqrt(x)"), (Op.LOG, "ln(x)"), (Op.SIN, "sin(x)"),
                 (Op.COS, "cos(x)")):
-    define(_op.name, _op, A, same_as(), _f, inplace=True, family="unary")
-define("SUM", Op.SUM, A, lambda d, s, p: Out(s["a"].type, (1, 1, 1, 1)), "sum of all elements")
-define("SUM_ROWS", Op.SUM_ROWS, A, lambda d, s, p: Out(s["a"].type, _rows(s["a"])), "sum over dim 0")
-define("MEAN", Op.MEAN, A, lambda d, s, p: Out(F32, _rows(s["a"])), "mean over dim 0 (per row)")
+    define(_op.name, _op, A, same_as(), _f, inplace=True, family="unary", grad={"a": _MATH_GRADS[_op]})
+define("SUM", Op.SUM, A, lambda d, s, p: Out(s["a"].type, (1, 1, 1, 1)), "sum of all elements",
+       grad={"a": lambda B, n, g: B.repeat(g, n.src[0])})
+define("SUM_ROWS", Op.SUM_ROWS, A, lambda d, s, p: Out(s["a"].type, _rows(s["a"])), "sum over dim 0",
+       grad={"a": lambda B, n, g: B.repeat(g, n.src[0])})
+define("MEAN", Op.MEAN, A, lambda d, s, p: Out(F32, _rows(s["a"])), "mean over dim 0 (per row)",
+       grad={"a": lambda B, n, g: B.repeat(B.scale(g, 1.0 / n.src[0].ne[0]), n.src[0])})
 define("ARGMAX", Op.ARGMAX, (Src("a", ONLY_F32),), _argmax_rule,
-       "index of each row's maximum (the last one on ties)", nmse=0.0)
+       "index of each row's maximum (the last one on ties)", nmse=0.0, nograd="integer result")
 define("COUNT_EQUAL", Op.COUNT_EQUAL, (Src("a", frozenset({I32})), Src("b", frozenset({I32}))),
-       _count_equal_rule, "number of equal elements of a and b", nmse=0.0)
+       _count_equal_rule, "number of equal elements of a and b", nmse=0.0, nograd="integer result")
 define("REPEAT", Op.REPEAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _repeat_rule,
-       "a tiled to b's shape (only b's shape is read)")
+       "a tiled to b's shape (only b's shape is read)",
+       grad={"a": lambda B, n, g: B.repeat_back(g, n.src[0]), "b": IGNORE})
 define("REPEAT_BACK", Op.REPEAT_BACK, (Src("a", FLOATS), Src("b", ANY_PLAIN)), _repeat_back_rule,
-       "sum of a's tiles, giving b's shape (adjoint of REPEAT)")
+       "sum of a's tiles, giving b's shape (adjoint of REPEAT)",
+       grad={"a": lambda B, n, g: B.repeat(g, n.src[0]), "b": IGNORE})
 define("CONCAT", Op.CONCAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _concat_rule,
        "a and b (same type) joined along dim; every other extent must match",
-       params=(Param("dim", int, min=0, max=3, doc="dim to concatenate along, 0..3"),))
+       params=(Param("dim", int, min=0, max=3, doc="dim to concatenate along, 0..3"),),
+       grad={"a": _concat_part(0), "b": _concat_part(1)})
 define("SILU_BACK", Op.SILU_BACK, (Src("grad", FLOATS), Src("x", FLOATS)), _pair_rule("grad", "x"),
        "grad * s(x) * (1 + x (1 - s(x))), s the logistic sigmoid")
 define("NORM", Op.NORM, (Src("a", ONLY_F32),), same_as(), "(x - mean) / sqrt(var + eps) per row",
        params=EPS, inplace=True)
 define("RMS_NORM", Op.RMS_NORM, (Src("a", ONLY_F32),), same_as(), "x / sqrt(mean(x^2) + eps) per row",
-       params=EPS, inplace=True)
+       params=EPS, inplace=True, grad={"a": lambda B, n, g: B.rms_norm_back(g, n.src[0], n.params["eps"])})
 define("RMS_NORM_BACK", Op.RMS_NORM_BACK, (Src("dz", ONLY_F32), Src("x", ONLY_F32)), _pair_rule("dz", "x"),
        "gradient of rms_norm: (dz - x <x,dz>/(sum x^2 + n eps)) / sqrt(mean(x^2) + eps)", params=EPS)
 define("GROUP_NORM", Op.GROUP_NORM, (Src("a", ONLY_F32),), same_as(),
@@ -501,28 +645,33 @@ define("GROUP_NORM", Op.GROUP_NORM, (Src("a", ONLY_F32),), same_as(),
 define("L2_NORM", Op.L2_NORM, (Src("a", ONLY_F32),), same_as(), "x / max(||x||_2, eps) per row",
        params=(Param("eps", float, 0.0, min=0.0, doc="lower bound of the row norm"),), inplace=True)
 define("MUL_MAT", Op.MUL_MAT, AB, _mul_mat_rule,
-       "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
+       "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise", nmse=5e-4,
+       grad={"a": _mul_mat_grad_a, "b": lambda B, n, g: B.out_prod(n.src[0], B.transpose(g))})
 define("OUT_PROD", Op.OUT_PROD, AB, _out_prod_rule,
        "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
 define("SCALE", Op.SCALE, A, same_as(), "x * s + b",
-       params=(Param("s", float), Param("b", float, 0.0)), inplace=True, family="unary")
+       params=(Param("s", float), Param("b", float, 0.0)), inplace=True, family="unary",
+       grad={"a": lambda B, n, g: B.scale(g, n.params["s"])})
 define("CPY", Op.CPY, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _cpy_rule,
-       "a's elements, in row-major order, converted and written into b; the result is b", nmse=1e-6)
+       "a's elements, in row-major order, converted and written into b; the result is b", nmse=1e-6,
+       grad={"a": lambda B, n, g: _like(B, g, n.src[0]), "b": IGNORE})
 define("CONT", Op.CONT, (Src("a", ANY_PLAIN),), _cont_rule,
        "contiguous copy of a, optionally with a new shape of equal element count",
-       params=(Param("ne", tuple, ()),))
+       params=(Param("ne", tuple, ()),), grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
 define("RESHAPE", Op.RESHAPE, (Src("a", ANY_PLAIN),), _reshape_rule,
-       "view of contiguous a with a new shape", params=(Param("ne", tuple),), view_only=True)
+       "view of contiguous a with a new shape", params=(Param("ne", tuple),), view_only=True,
+       grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
 define("VIEW", Op.VIEW, (Src("a", ANY_PLAIN),), _view_rule,
        "view of a's memory with extents ne, strides (elem, nb1, nb2, nb3), byte offset",
-       params=(Param("ne", tuple), Param("nb", tuple), Param("offset", int, 0, min=0)), view_only=True)
+       params=(Param("ne", tuple), Param("nb", tuple), Param("offset", int, 0, min=0)), view_only=True,
+       grad={"a": _view_grad})
 define("PERMUTE", Op.PERMUTE, (Src("a", ANY_PLAIN),), _permute_rule,
        "view with source dim k moved to position axes[k]",
-       params=(Param("axes", tuple, length=4),), view_only=True)
+       params=(Param("axes", tuple, length=4),), view_only=True, grad={"a": _inverse_permute})
 define("TRANSPOSE", Op.TRANSPOSE, (Src("a", ANY_PLAIN),), _transpose_rule,
-       "view with dims 0 and 1 swapped", view_only=True)
+       "view with dims 0 and 1 swapped", view_only=True, grad={"a": lambda B, n, g: B.transpose(g)})
 define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32}), Src("b", frozenset({I32}))), _get_rows_rule,
-       "out[:, i, j, k] = a[:, b[i, j, k], j, k]")
+       "out[:, i, j, k] = a[:, b[i, j, k], j, k]", grad={"a": _get_rows_grad, "b": IGNORE})
 define("GET_ROWS_BACK", Op.GET_ROWS_BACK,
        (Src("a", FLOATS), Src("b", frozenset({I32})), Src("c", ANY_PLAIN)), _get_rows_back_rule,
        "zeros of c's shape with row b[i] += a[:, i] (adjoint of GET_ROWS)")
@@ -531,16 +680,20 @@ define("DIAG", Op.DIAG, (Src("a", ONLY_F32),), _diag_rule,
 for _op, _f in ((Op.DIAG_MASK_INF, "-inf"), (Op.DIAG_MASK_ZERO, "0")):
     define(_op.name, _op, (Src("a", ONLY_F32),), same_as(),
            f"element (i, j) of each matrix set to {_f} where column i > n_past + row j",
-           params=(Param("n_past", int, min=INT32_MIN, max=INT32_MAX),), inplace=True)
+           params=(Param("n_past", int, min=INT32_MIN, max=INT32_MAX),), inplace=True,
+           grad={"a": lambda B, n, g: B.diag_mask_zero(g, n.params["n_past"])})
 define("SOFT_MAX", Op.SOFT_MAX,
        (Src("a", ONLY_F32), Src("mask", frozenset({F16, F32}), True), Src("sinks", ONLY_F32, True)),
        _soft_max_rule, "row softmax of a*scale + slope*mask (ALiBi slope from max_bias; optional sinks)",
-       params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), inplace=True, nmse=1e-6)
+       params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), inplace=True, nmse=1e-6,
+       grad={"a": lambda B, n, g: B.soft_max_ext_back(g, n, n.params["scale"], n.params["max_bias"])},
+       nograd="the gradients of the mask and the sinks are not implemented (as in ggml)")
 define("SOFT_MAX_BACK", Op.SOFT_MAX_BACK, (Src("dy", ONLY_F32), Src("y", ONLY_F32)), _pair_rule("dy", "y"),
        "scale * y * (dy - <y, dy>) per row",
        params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), nmse=1e-6)
 define("CLAMP", Op.CLAMP, A, _clamp_rule, "min(max(x, min), max)",
-       params=(Param("min", float), Param("max", float)), inplace=True, family="unary")
+       params=(Param("min", float), Param("max", float)), inplace=True, family="unary",
+       grad={"a": lambda B, n, g: B.mul(g, _step_between(B, n.src[0], n.params["min"], n.params["max"]))})
 define("PAD", Op.PAD, (Src("a", ONLY_F32),), _pad_rule,
        "a with lp_i / rp_i elements added before / after dim i: zeros, or a's values wrapped around "
        "(circular)",
@@ -557,9 +710,11 @@ define("TIMESTEP_EMBEDDING", Op.TIMESTEP_EMBEDDING, (Src("timesteps", ONLY_F32),
        params=(Param("dim", int, min=1, max=INT32_MAX), Param("max_period", int, 10000, min=1, max=INT32_MAX)))
 define("ARGSORT", Op.ARGSORT, (Src("a", ONLY_F32),), _argsort_rule,
        "I32 indices that sort each row ASC or DESC (tie order unspecified in ggml; stable here)",
-       params=(Param("order", SortOrder, SortOrder.ASC),), nmse=0.0)
+       params=(Param("order", SortOrder, SortOrder.ASC),), nmse=0.0, nograd="integer result")
 define("LEAKY_RELU", Op.LEAKY_RELU, A, same_as(), "max(x, 0) + negative_slope * min(x, 0)",
-       params=(Param("negative_slope", float),), inplace=True, family="unary")
+       params=(Param("negative_slope", float),), inplace=True, family="unary",
+       grad={"a": lambda B, n, g: B.mul(g, B.scale_bias(B.step(n.src[0]), 1.0 - n.params["negative_slope"],
+                                                          n.params["negative_slope"]))})
 
 UNARY_DOCS = {
     UnaryOp.ABS: "|x|", UnaryOp.SGN: "sign(x), 0 at 0", UnaryOp.NEG: "-x", UnaryOp.STEP: "1 if x > 0 else 0",
@@ -579,10 +734,14 @@ XIELU_PARAMS = (Param("alpha_n", float, 0.8), Param("alpha_p", float, 0.8), Para
                 Param("eps", float, -1e-6))
 for _u in UnaryOp:
     define(_u.name, Op.UNARY, A, same_as(), UNARY_DOCS[_u], sub=_u, inplace=True, family="unary",
-           params=XIELU_PARAMS if _u == UnaryOp.XIELU else ())
+           params=XIELU_PARAMS if _u == UnaryOp.XIELU else (),
+           grad={"a": IGNORE} if _u.name in PIECEWISE_CONSTANT else {"a": _G[_u.name]} if _u.name in _G else {},
+           nograd="" if _u.name in _G or _u.name in PIECEWISE_CONSTANT else "derivative rule not written yet")
 
 define("CROSS_ENTROPY_LOSS", Op.CROSS_ENTROPY_LOSS, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_rule,
-       "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions")
+       "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions",
+       grad={"a": lambda B, n, g: B.cross_entropy_loss_back(g, n.src[0], n.src[1])},
+       nograd="the gradient of the labels is not implemented (as in ggml)")
 define("CROSS_ENTROPY_LOSS_BACK", Op.CROSS_ENTROPY_LOSS_BACK,
        (Src("grad", ONLY_F32), Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_back_rule,
        "(softmax(a) - b) * grad / nrows")
@@ -604,7 +763,9 @@ SWIGLU_OAI_PARAMS = (Param("alpha", float), Param("limit", float, min=0.0))
 for _g in GluOp:
     define(_g.name, Op.GLU, GLU_SRCS, _glu_rule,
            GLU_DOCS[_g] + "; x, g = the halves of each row of a (result ne0 = a.ne0 / 2), or x = a, g = b",
-           sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()))
+           sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()),
+           grad={"a": _glu_split_only("a"), "b": _glu_split_only("b")} if _g == GluOp.SWIGLU else {},
+           nograd="" if _g == GluOp.SWIGLU else "derivative rule not written yet (ggml has SWIGLU only)")
 
 
 def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]) -> Out | ViewOut:

@@ -2,7 +2,8 @@
 
     pytest --pyargs prism_core.conformance --prism-backend NAME [--prism-op OP ...]
 
-Any test that takes the ``prism_case`` fixture is parametrised over the cases and
+Any test that takes the ``prism_case`` (``prism_grad_case``) fixture is parametrised
+over the forward (gradient) cases and
 ``prism_backend`` over the backends named with ``--prism-backend`` (``all`` for every
 available one). Unsupported cases are skipped with the reason, never passed.
 """
@@ -33,6 +34,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         from .cases import all_cases
         cases = all_cases(metafunc.config.getoption("prism_op") or None)
         metafunc.parametrize("prism_case", cases, ids=[c.name for c in cases])
+    if "prism_grad_case" in metafunc.fixturenames:
+        from .gradcheck import grad_cases
+        cases = grad_cases(metafunc.config.getoption("prism_op") or None)
+        metafunc.parametrize("prism_grad_case", cases, ids=[c.name for c in cases])
     if "prism_backend_name" in metafunc.fixturenames:
         names = _backend_names(metafunc.config)
         metafunc.parametrize("prism_backend_name", names, ids=names)
