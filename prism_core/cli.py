@@ -60,11 +60,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 def cmd_conformance(args: argparse.Namespace) -> int:
     from .conformance.cases import all_cases
+    from .conformance.gradcheck import grad_cases, run_grad
     from .conformance.report import table
     from .conformance.runner import FAIL, run
     from .optable import OPS, opdef
     from .registry import backend, backends
-    from .conformance.gradcheck import grad_cases, run_grad
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
