@@ -780,3 +780,7 @@ def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]
             raise TypeMismatch(f"{d.key}: source {spec.name!r} has type {traits(t.type).name}; accepted: "
                                f"{', '.join(sorted(traits(x).name for x in spec.types))}")
     return d.rule(d, srcs, params)
+
+
+# The table continues in sibling modules, one per op family; they register into OPS.
+from . import optable_attn, optable_conv  # noqa: E402,F401

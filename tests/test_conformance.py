@@ -127,7 +127,8 @@ def test_shipped_pytest_plugin_runs_the_suite():
                         "prism_core.conformance", "--prism-backend", "numpy", "--prism-op", "ADD"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(cases_for('ADD'))} passed" in r.stdout
+    from prism_core.conformance.gradcheck import grad_cases
+    assert f"{len(cases_for('ADD')) + len(grad_cases(['ADD']))} passed" in r.stdout  # forward and gradient
 
 
 def test_cli_add_only_plugin_passes_add_and_shows_the_rest_unsupported(capsys):

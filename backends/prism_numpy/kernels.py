@@ -494,3 +494,6 @@ def _glu(n: Tensor) -> None:
             store(n, xc * _sigmoid(n.params["alpha"] * xc) * (np.clip(g, -limit, limit) + 1.0))
         else:
             store(n, _GLU_ACT[key](x) * g)
+
+
+from . import kernels_attn, kernels_conv  # noqa: E402,F401 - register their kernels

@@ -318,3 +318,5 @@ def run_grad(backend: Backend, cases: list[GradCase]) -> list[CaseResult]:
     REGISTRY.reference()  # the reference must exist, as in forward mode
     return [run_grad_case(c, backend) for c in cases]
 
+
+

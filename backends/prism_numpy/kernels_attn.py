@@ -1,0 +1,3 @@
+"""Reference kernels: attn ops."""
+
+from __future__ import annotations

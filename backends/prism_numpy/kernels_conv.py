@@ -1,0 +1,3 @@
+"""Reference kernels: conv ops."""
+
+from __future__ import annotations

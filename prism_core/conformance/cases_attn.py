@@ -1,0 +1,3 @@
+"""Conformance cases (forward and gradient): attn ops."""
+
+from __future__ import annotations

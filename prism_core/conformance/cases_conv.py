@@ -1,0 +1,3 @@
+"""Conformance cases (forward and gradient): conv ops."""
+
+from __future__ import annotations
