@@ -447,3 +447,8 @@ def builders_for(d: OpDef) -> list[str]:
 __all__ = [n for n, v in list(globals().items())
            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == __name__
            and n not in ("builders_for",)]
+
+from .build_attn import *  # noqa: E402,F403 - attention builders are part of the public API
+from .build_attn import __all__ as _attn_all  # noqa: E402
+
+__all__ += _attn_all

@@ -156,3 +156,13 @@ class SortOrder(enum.IntEnum):
 OP_COUNT = len(Op)
 UNARY_OP_COUNT = len(UnaryOp)
 GLU_OP_COUNT = len(GluOp)
+
+
+class RopeMode(enum.IntEnum):
+    """GGML_ROPE_TYPE_*: which dimension pairs are rotated (op param ``mode`` of ROPE)."""
+
+    NORMAL = 0  # neighbours (x[2k], x[2k+1])
+    NEOX = 2  # halves (x[k], x[k + n_dims/2])
+    MROPE = 8  # NeoX pairs, angle from one of 4 position streams per section
+    VISION = 24  # MROPE with sections restarting their frequencies, pairs (x[k], x[k + n_dims]) over all of ne0
+    IMROPE = 40  # MROPE with the streams interleaved (t, h, w, t, h, w, ...)

@@ -1,3 +1,142 @@
-"""Reference kernels: attn ops."""
+"""Reference kernels: RoPE, fused attention, expert routing, row scatter."""
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from prism_core import Tensor
+from prism_core.errors import InvalidArgument
+from prism_core.ops import RopeMode
+from prism_core.types import from_f32
+
+from .kernels import alibi_slopes, kernel, store, val
+
+
+def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """YaRN's correction range [low, high] of pair indices (ggml_rope_yarn_corr_dims)."""
+    def corr_dim(n_rot: float) -> float:
+        with np.errstate(divide="ignore"):
+            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base)) \
+                if n_rot > 0 and n_ctx_orig > 0 else (math.inf if n_rot == 0 else -math.inf)
+    return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
+
+
+def rope_angles(n: Tensor, pos: np.ndarray, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin (times mscale) for each token (rows) and pair index k (columns)."""
+    p = n.params
+    mode, n_dims, sections = p["mode"], p["n_dims"], p["sections"]
+    ff = val(n.src[2]).reshape(-1) if len(n.src) > 2 and n.src[2] is not None else None
+    n_tok = n.ne[2]
+    k = np.arange(n_pairs)
+    inv_freq = p["freq_base"] ** (-2.0 * k / n_dims)
+    if mode in (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE):
+        streams = pos.reshape(4, n_tok).astype(np.float64)  # time, height, width, extra
+        sect = k % sum(sections)
+        s0, s1, s2 = sections[0], sections[1], sections[2]
+        if mode == RopeMode.IMROPE:
+            which = np.where((sect % 3 == 1) & (sect < 3 * s1), 1,
+                             np.where((sect % 3 == 2) & (sect < 3 * s2), 2,
+                                      np.where((sect % 3 == 0) & (sect < 3 * s0), 0, 3)))
+        else:
+            which = np.select([sect < s0, sect < s0 + s1, sect < s0 + s1 + s2], [0, 1, 2], 3)
+        if mode == RopeMode.VISION:  # each section restarts its frequencies
+            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+            inv_freq = p["freq_base"] ** (-2.0 * (sect - starts[which]) / n_dims)
+        theta_base = streams[which].T * inv_freq  # (n_tok, n_pairs)
+    else:
+        theta_base = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+    if ff is not None:
+        theta_base = theta_base / ff[:n_pairs]
+    theta = p["freq_scale"] * theta_base
+    mscale = p["attn_factor"]
+    if p["ext_factor"] != 0.0:
+        low, high = _corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
+        mix = ramp * p["ext_factor"]
+        theta = theta * (1 - mix) + theta_base * mix
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
+    return np.cos(theta) * mscale, np.sin(theta) * mscale
+
+
+@kernel("ROPE", "ROPE_BACK")
+def _rope(n: Tensor) -> None:
+    a, pos = n.src[0], n.src[1].host().reshape(-1)
+    p = n.params
+    x = val(a)  # (ne3, n_tok, n_head, ne0)
+    out = x.copy()
+    mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
+    if mode == RopeMode.VISION:
+        n_pairs, first, second = n_dims, np.arange(n_dims), np.arange(n_dims) + n_dims
+    elif mode == RopeMode.NORMAL:
+        n_pairs = n_dims // 2
+        first, second = offs + 2 * np.arange(n_pairs), offs + 2 * np.arange(n_pairs) + 1
+    else:
+        n_pairs = n_dims // 2
+        first, second = offs + np.arange(n_pairs), offs + np.arange(n_pairs) + n_pairs
+    cos, sin = rope_angles(n, pos, n_pairs)
+    if n.opdef.key == "ROPE_BACK":
+        sin = -sin  # the inverse rotation is the transpose
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
+    x0, x1 = x[..., first], x[..., second]
+    out[..., first] = x0 * cos - x1 * sin
+    out[..., second] = x0 * sin + x1 * cos
+    store(n, out)
+
+
+@kernel("FLASH_ATTN_EXT")
+def _flash_attn_ext(n: Tensor) -> None:
+    q, k, v = (val(t) for t in n.src[:3])  # (B, H, n_q, D), (B, Hk, n_kv, D), (B, Hv, n_kv, Dv)
+    mask = n.src[3] if len(n.src) > 3 else None
+    sinks = n.src[4] if len(n.src) > 4 else None
+    p = n.params
+    n_head = q.shape[1]
+    kk = np.repeat(k, n_head // k.shape[1], axis=1)  # grouped-query heads: block broadcast
+    vv = np.repeat(v, n_head // v.shape[1], axis=1)
+    s = q @ np.swapaxes(kk, -1, -2) * p["scale"]  # (B, H, n_q, n_kv)
+    if p["logit_softcap"] != 0.0:
+        s = p["logit_softcap"] * np.tanh(s / p["logit_softcap"])
+    if mask is not None:
+        m = val(mask)[:, :, : q.shape[2], :]
+        m = np.tile(m, (q.shape[0] // m.shape[0], n_head // m.shape[1], 1, 1))
+        s = s + alibi_slopes(n_head, p["max_bias"]).reshape(1, -1, 1, 1) * m
+    mx = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        mx = np.maximum(mx, val(sinks).reshape(1, -1, 1, 1))
+    with np.errstate(invalid="ignore"):
+        mx = np.where(np.isfinite(mx), mx, 0.0)  # fully masked rows give 0, as ggml's S == 0 case
+        e = np.exp(s - mx)
+        den = e.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(val(sinks).reshape(1, -1, 1, 1) - mx)
+        out = np.where(den > 0, (e @ vv) / np.where(den > 0, den, 1.0), 0.0)  # (B, H, n_q, Dv)
+    store(n, np.swapaxes(out, 1, 2))  # result [Dv, H, n_q, B]: heads and queries swapped
+
+
+@kernel("MUL_MAT_ID")
+def _mul_mat_id(n: Tensor) -> None:
+    w, b = val(n.src[0])[0], val(n.src[1])[0]  # (n_exp, M, K), (n_tok, n_b, K)
+    ids = n.src[2].host()[0, 0]  # (n_tok, n_used)
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.shape[0]})")
+    n_tok, n_used = ids.shape
+    out = np.empty((n_tok, n_used, w.shape[1]))
+    for t in range(n_tok):
+        for e in range(n_used):
+            out[t, e] = w[ids[t, e]] @ b[t, e % b.shape[1]]
+    store(n, out[None])
+
+
+@kernel("SET_ROWS")
+def _set_rows(n: Tensor) -> None:
+    b, c = n.src[0], n.src[1]
+    rows = c.host()[0]  # (C2, C1, m)
+    if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
+        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    src = val(b)  # (S3, S2, m, n)
+    dst = n.host()
+    for k in range(n.ne[3]):
+        for j in range(n.ne[2]):
+            idx = rows[k % rows.shape[0], j % rows.shape[1]]
+            dst[k, j, idx] = from_f32(src[k, j], n.type)
