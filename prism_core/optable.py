@@ -783,4 +783,8 @@ def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]
 
 
 # The table continues in sibling modules, one per op family; they register into OPS.
-from . import optable_attn, optable_conv  # noqa: E402,F401
+from . import optable_attn, optable_conv  # noqa: E402,F401,I001
+
+# Listed in ggml's op order (sub-ops in their enum order), whichever module declared them.
+for _d in sorted(OPS.values(), key=lambda d: (int(d.op), int(d.sub) if d.sub is not None else -1)):
+    OPS[_d.key] = OPS.pop(_d.key)
