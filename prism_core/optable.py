@@ -568,7 +568,36 @@ _G = {  # unary sub-op -> rule for its source; the node n is y
     "SOFTPLUS": lambda B, n, g: B.mul(g, B.sigmoid(n.src[0])),
     "TANH": lambda B, n, g: B.mul(g, B.scale_bias(B.sqr(n), -1.0, 1.0)),
     "SIGMOID": lambda B, n, g: B.mul(g, B.mul(n, B.scale_bias(n, -1.0, 1.0))),
+    "GELU": lambda B, n, g: B.mul(g, _gelu_slope(B, n.src[0])),
+    "GELU_QUICK": lambda B, n, g: B.mul(g, _gelu_quick_slope(B, n.src[0])),
+    "ELU": lambda B, n, g: B.mul(g, B.add(B.step(n.src[0]), B.mul(B.scale_bias(B.step(n.src[0]), -1.0, 1.0),
+                                                               B.scale_bias(n, 1.0, 1.0)))),
+    "HARDSIGMOID": lambda B, n, g: B.mul(g, B.scale(_step_between(B, n.src[0], -3.0, 3.0), 1.0 / 6.0)),
+    "HARDSWISH": lambda B, n, g: B.mul(g, B.add(B.hardsigmoid(n.src[0]), B.mul(
+        B.scale(n.src[0], 1.0 / 6.0), _step_between(B, n.src[0], -3.0, 3.0)))),
 }
+_GELU_C, _GELU_A = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _gelu_slope(B, x: Tensor) -> Tensor:
+    """d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)."""
+    x2 = B.sqr(x)
+    t = B.tanh(B.scale(B.mul(x, B.scale_bias(x2, _GELU_A, 1.0)), _GELU_C))
+    du = B.scale_bias(x2, 3 * _GELU_A * _GELU_C, _GELU_C)
+    return B.add(B.scale_bias(t, 0.5, 0.5), B.mul(B.scale(x, 0.5), B.mul(B.scale_bias(B.sqr(t), -1.0, 1.0), du)))
+
+
+def _gelu_quick_slope(B, x: Tensor) -> Tensor:
+    """d/dx of x s(1.702 x): s + 1.702 x s (1 - s)."""
+    s = B.sigmoid(B.scale(x, 1.702))
+    return B.add(s, B.mul(B.scale(x, 1.702), B.mul(s, B.scale_bias(s, -1.0, 1.0))))
+
+
+def _norm_grad(B, n: Tensor, g: Tensor) -> Tensor:
+    """(g - mean(g) - y mean(g y)) / sqrt(var + eps), per row."""
+    x = n.src[0]
+    sd = B.sqrt(B.scale_bias(B.mean(B.sqr(B.sub(x, B.mean(x)))), 1.0, n.params["eps"]))
+    return B.div(B.sub(B.sub(g, B.mean(g)), B.mul(n, B.mean(B.mul(g, n)))), sd)
 PIECEWISE_CONSTANT = {"SGN", "STEP", "FLOOR", "CEIL", "ROUND", "TRUNC"}
 
 
@@ -633,7 +662,7 @@ define("CONCAT", Op.CONCAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _concat_
 define("SILU_BACK", Op.SILU_BACK, (Src("grad", FLOATS), Src("x", FLOATS)), _pair_rule("grad", "x"),
        "grad * s(x) * (1 + x (1 - s(x))), s the logistic sigmoid")
 define("NORM", Op.NORM, (Src("a", ONLY_F32),), same_as(), "(x - mean) / sqrt(var + eps) per row",
-       params=EPS, inplace=True)
+       params=EPS, inplace=True, grad={"a": _norm_grad})
 define("RMS_NORM", Op.RMS_NORM, (Src("a", ONLY_F32),), same_as(), "x / sqrt(mean(x^2) + eps) per row",
        params=EPS, inplace=True, grad={"a": lambda B, n, g: B.rms_norm_back(g, n.src[0], n.params["eps"])})
 define("RMS_NORM_BACK", Op.RMS_NORM_BACK, (Src("dz", ONLY_F32), Src("x", ONLY_F32)), _pair_rule("dz", "x"),

@@ -85,6 +85,8 @@ UNARY_GRAD = {  # key -> (lo, hi, kinks)
     "ABS": (-1.0, 1.0, (0.0,)), "RELU": (-1.0, 1.0, (0.0,)), "LEAKY_RELU": (-1.0, 1.0, (0.0,)),
     "CLAMP": (-1.0, 1.0, (-0.5, 0.5)), "EXP": (-2.0, 2.0, ()), "EXPM1": (-2.0, 2.0, ()),
     "SOFTPLUS": (-3.0, 3.0, ()), "TANH": (-2.0, 2.0, ()), "SIGMOID": (-3.0, 3.0, ()), "SILU": (-3.0, 3.0, ()),
+    "GELU": (-3.0, 3.0, ()), "GELU_QUICK": (-3.0, 3.0, ()), "ELU": (-2.0, 2.0, (0.0,)),
+    "HARDSIGMOID": (-4.0, 4.0, (-3.0, 3.0)), "HARDSWISH": (-4.0, 4.0, (-3.0, 3.0)),
 }
 UNARY_GRAD_PARAMS = {"SCALE": {"s": 0.75, "b": 0.25}, "CLAMP": {"min": -0.5, "max": 0.5},
                      "LEAKY_RELU": {"negative_slope": 0.1}}
@@ -171,9 +173,10 @@ def concat_grad(d):
         yield GradCase(d.key, f"dim={dim}", build)
 
 
-@grad_family("RMS_NORM")
-def rms_norm_grad(d):
-    yield _single(d.key, "ne=[8,3,2],eps=1e-6", (8, 3, 2, 1), lambda a: B.rms_norm(a, 1e-6), -2.0, 2.0)
+@grad_family("RMS_NORM", "NORM")
+def norm_grad(d):
+    fn = B.rms_norm if d.key == "RMS_NORM" else B.norm
+    yield _single(d.key, "ne=[8,3,2],eps=1e-6", (8, 3, 2, 1), lambda a: fn(a, 1e-6), -2.0, 2.0)
 
 
 @grad_family("MUL_MAT")

@@ -1,0 +1,158 @@
+"""The Numba backend: parallel compiled kernels on the strided host memory.
+
+Registered through the ``prism.backends`` entry point like any third-party backend.
+numba itself is imported only by :meth:`NumbaBackend.availability`, the ``threads``
+property and the first kernel call, so an environment without numba still discovers
+the backend and lists it as unavailable with the reason.
+
+Threads: all cores by default; ``PRISM_NUM_THREADS=n`` sets the count (capped at
+numba's ``NUMBA_NUM_THREADS``), applied with ``numba.set_num_threads`` before every
+kernel call (numba's setting is per calling thread). Nodes with little work (under
+``SERIAL_WORK`` elementary steps, or ``$PRISM_NUMBA_SERIAL_WORK``; 0 parallelises every
+node) run on the calling thread alone: waking the pool costs more than they do.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+import prism_core
+from prism_core import I32, Tensor
+
+from .kernels import KERNELS, SUPPORT
+
+ENV_THREADS = "PRISM_NUM_THREADS"
+MIN_NUMBA = (0, 59)
+
+
+def _numba_version() -> str:
+    try:
+        return metadata.version("numba")
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+ENV_SERIAL_WORK = "PRISM_NUMBA_SERIAL_WORK"
+SERIAL_WORK = 1 << 16  # default: nodes with less work than this run on the calling thread alone
+
+
+def _work(node: Tensor) -> int:
+    """A rough count of a node's elementary steps."""
+    if node.opdef is not None and node.opdef.key in ("MUL_MAT", "OUT_PROD"):
+        return node.nelements * node.src[0].ne[0 if node.opdef.key == "MUL_MAT" else 1]
+    return node.nelements + sum(s.nelements for s in node.src if s is not None)
+
+
+def _aligned(t: Tensor) -> bool:
+    size = t.traits.type_size
+    return t.view_offs % size == 0 and all(nb % size == 0 for nb in t.nb)
+
+
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    return a.view_offs == b.view_offs and a.ne == b.ne and a.nb == b.nb and a.type == b.type
+
+
+def requested_threads() -> int | None:
+    """The thread count asked for in ``$PRISM_NUM_THREADS`` (None when unset or empty).
+    Raises ValueError for anything but a positive integer."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_THREADS}={raw!r} is not an integer") from None
+    if n < 1:
+        raise ValueError(f"{ENV_THREADS}={raw!r} must be at least 1")
+    return n
+
+
+def serial_work() -> int:
+    """Nodes with fewer elementary steps than this run on one thread: ``$PRISM_NUMBA_SERIAL_WORK``
+    (0 sends every node to the thread pool), else SERIAL_WORK. Raises ValueError when invalid."""
+    raw = os.environ.get(ENV_SERIAL_WORK, "").strip()
+    if not raw:
+        return SERIAL_WORK
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} is not an integer") from None
+    if n < 0:
+        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} must not be negative")
+    return n
+
+
+class NumbaBackend(prism_core.Backend):
+    name = "numba"
+    version = f"{prism_core.__version__}+numba{_numba_version()}"
+    priority = 50
+    kernels = KERNELS
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            import numba
+        except Exception as e:  # noqa: BLE001 - any import failure means "not here"
+            return False, f"numba cannot be imported: {type(e).__name__}: {e}"
+        have = tuple(int(x) for x in numba.__version__.split(".")[:2] if x.isdigit())
+        if have < MIN_NUMBA:
+            return False, f"numba {numba.__version__} is too old; need >= {'.'.join(map(str, MIN_NUMBA))}"
+        try:
+            requested_threads()
+            serial_work()
+        except ValueError as e:
+            return False, str(e)
+        return True, ""
+
+    def _apply_threads(self, work: int | None = None) -> int:
+        """Set numba's thread count for this calling thread: the configured count, or 1
+        for a node with less than serial_work() elementary steps (waking the pool costs more)."""
+        import numba
+        n = requested_threads()
+        n = numba.config.NUMBA_NUM_THREADS if n is None else min(n, numba.config.NUMBA_NUM_THREADS)
+        if work is not None and work < serial_work():
+            n = 1
+        if numba.get_num_threads() != n:
+            numba.set_num_threads(n)
+        return n
+
+    @property
+    def threads(self) -> int:
+        ok, _ = self.availability()
+        if not ok:
+            return 1
+        self._apply_threads()
+        import numba
+        return numba.get_num_threads()
+
+    def supports(self, node: Tensor) -> bool:
+        d = node.opdef
+        if d is None or d.key not in SUPPORT:
+            return False
+        src_types, out_types = SUPPORT[d.key]
+        if node.type not in out_types:
+            return False
+        tensors = [node]
+        for i, s in enumerate(node.src):
+            if s is None:
+                continue
+            if i >= len(src_types) or s.type not in src_types[i]:
+                return False
+            tensors.append(s)
+        if d.key == "CPY" and node.type == I32 and node.src[0].type != I32:
+            return False  # float -> integer conversions (NaN, out of range) go to the reference
+        if not all(t.nelements > 0 and _aligned(t) for t in tensors):
+            return False
+        # The kernels read and write element by element: a source may share the result's
+        # memory only as the exact same view (in-place ops); any other overlap goes to the
+        # reference, which reads its sources whole before writing.
+        return all(s.base is not node.base or _same_view(s, node) for s in tensors[1:])
+
+    def compute(self, node: Tensor) -> None:
+        self._apply_threads(_work(node))
+        super().compute(node)
+
+
+@prism_core.hookimpl
+def prism_register_backends() -> list[prism_core.Backend]:
+    return [NumbaBackend()]

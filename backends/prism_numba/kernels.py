@@ -1,0 +1,350 @@
+"""Node-level wrappers around the compiled kernels, and what each of them supports.
+
+This module does not import numba: the compiled kernels (:mod:`._jit`) are imported
+on the first kernel call, so a missing or broken numba never breaks discovery.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from prism_core import GluOp, SortOrder, Tensor, UnaryOp
+from prism_core.errors import InvalidArgument
+from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType
+
+KERNELS: dict[str, Callable[[Tensor], None]] = {}
+
+FLOATS = frozenset({F32, F16, BF16})
+ONLY_F32 = frozenset({F32})
+INDICES = frozenset({I32})
+COPYABLE = FLOATS | INDICES  # CPY never converts floats to I32 (see NumbaBackend.supports)
+
+# op-table key -> (accepted types of each source, accepted result types).
+# A source beyond the tuple must be absent (None).
+SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] = {}
+
+_jit_module = None
+
+
+def _jit():
+    global _jit_module
+    if _jit_module is None:
+        from . import _jit as j
+        _jit_module = j
+    return _jit_module
+
+
+def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str):
+    def deco(f):
+        for k in keys:
+            KERNELS[k] = f
+            SUPPORT[k] = (srcs, out)
+        return f
+    return deco
+
+
+# ------------------------------------------------------------------ array access
+def arr(t: Tensor) -> np.ndarray:
+    """The strided host view; F16 and BF16 as their uint16 bits."""
+    h = t.host()
+    return h.view(np.uint16) if t.type in (F16, BF16) else h
+
+
+def lut(t: Tensor) -> np.ndarray:
+    j = _jit()
+    return j.F16_LUT if t.type == F16 else j.BF16_LUT if t.type == BF16 else j.NO_LUT
+
+
+def kind(t: Tensor) -> int:
+    return 2 if t.type == BF16 else 1
+
+
+def _run(name: str, *args) -> None:
+    _jit().KERNELS[name](*args)
+
+
+# ------------------------------------------------------------------ elementwise
+U = UnaryOp
+UNARY_CODES = {
+    U.ABS.name: 0, U.SGN.name: 1, U.NEG.name: 2, U.STEP.name: 3, U.TANH.name: 4, U.ELU.name: 5,
+    U.RELU.name: 6, U.SIGMOID.name: 7, U.GELU.name: 8, U.GELU_QUICK.name: 9, U.SILU.name: 10,
+    U.HARDSWISH.name: 11, U.HARDSIGMOID.name: 12, U.EXP.name: 13, U.EXPM1.name: 14, U.SOFTPLUS.name: 15,
+    U.GELU_ERF.name: 16, U.FLOOR.name: 17, U.CEIL.name: 18, U.ROUND.name: 19, U.TRUNC.name: 20,
+    "SQR": 21, "SQRT": 22, "LOG": 23, "SIN": 24, "COS": 25, "SCALE": 26, "CLAMP": 27, "LEAKY_RELU": 28,
+    U.XIELU.name: 29,
+}
+
+
+def _softplus(x: float) -> float:
+    return x if x > 20 else math.log1p(math.exp(x))
+
+
+def _unary_params(n: Tensor) -> tuple[float, float, float, float]:
+    p, key = n.params, n.opdef.key
+    if key == "SCALE":
+        return float(p["s"]), float(p["b"]), 0.0, 0.0
+    if key == "CLAMP":
+        return float(p["min"]), float(p["max"]), 0.0, 0.0
+    if key == "LEAKY_RELU":
+        return float(p["negative_slope"]), 0.0, 0.0, 0.0
+    if key == "XIELU":
+        beta = float(p["beta"])
+        return beta + _softplus(float(p["alpha_n"])), _softplus(float(p["alpha_p"])), beta, float(p["eps"])
+    return 0.0, 0.0, 0.0, 0.0
+
+
+@kernel((FLOATS,), FLOATS, *UNARY_CODES)
+def _unary(n: Tensor) -> None:
+    x = n.src[0]
+    _run("unary", arr(x), lut(x), arr(n), kind(n), UNARY_CODES[n.opdef.key], *_unary_params(n))
+
+
+BINARY_CODES = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3, "ADD1": 0}
+
+
+@kernel((FLOATS, FLOATS), FLOATS, *BINARY_CODES)
+def _binary(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    _run("binary", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n), BINARY_CODES[n.opdef.key], 0.0, 0.0)
+
+
+@kernel((FLOATS, FLOATS), FLOATS, "SILU_BACK")
+def _silu_back(n: Tensor) -> None:
+    g, x = n.src[0], n.src[1]
+    _run("binary", arr(g), lut(g), arr(x), lut(x), arr(n), kind(n), 4, 0.0, 0.0)
+
+
+@kernel((ONLY_F32,) * 3, ONLY_F32, "OPT_STEP_SGD")
+def _sgd(n: Tensor) -> None:
+    a, g, p = n.src
+    alpha, wd = (float(v) for v in p.host().reshape(-1))
+    _run("binary", arr(a), lut(a), arr(g), lut(g), arr(n), kind(n), 5, alpha, wd)
+
+
+@kernel((ONLY_F32,) * 5, ONLY_F32, "OPT_STEP_ADAMW")
+def _adamw(n: Tensor) -> None:
+    a, g, m, v, p = n.src
+    vals = [float(x) for x in p.host().reshape(-1)]
+    _run("adamw", arr(a), arr(g), arr(m), arr(v), arr(n), *vals)
+
+
+# ------------------------------------------------------------------ copies
+@kernel((COPYABLE,), COPYABLE, "DUP", "CONT")
+@kernel((COPYABLE, COPYABLE), COPYABLE, "CPY")
+def _cpy(n: Tensor) -> None:
+    s = n.src[0]
+    src, out = arr(s), arr(n)
+    # equal shapes: element-wise (the tile mode); otherwise row-major order to row-major order
+    _run("cpy", src, lut(s), out, kind(n), int(s.type == n.type), int(src.shape == out.shape))
+
+
+@kernel((COPYABLE, PLAIN_TYPES), COPYABLE, "REPEAT")
+def _repeat(n: Tensor) -> None:
+    s = n.src[0]
+    _run("cpy", arr(s), lut(s), arr(n), kind(n), 1, 1)
+
+
+@kernel((FLOATS, PLAIN_TYPES), FLOATS, "REPEAT_BACK")
+def _repeat_back(n: Tensor) -> None:
+    x = n.src[0]
+    _run("repeat_back", arr(x), lut(x), arr(n), kind(n))
+
+
+def _region(n: Tensor, b: Tensor) -> np.ndarray:
+    """The strided region (params nb1, nb2, nb3, offset) of n's memory that b is written into."""
+    p = n.params
+    h = np.ndarray(shape=tuple(reversed(b.ne)), dtype=n.traits.host_dtype, buffer=n.storage(),
+                   offset=n.view_offs + p["offset"], strides=(p["nb3"], p["nb2"], p["nb1"], n.traits.type_size))
+    return h.view(np.uint16) if n.type in (F16, BF16) else h
+
+
+@kernel((COPYABLE, COPYABLE), COPYABLE, "SET")
+def _set(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]  # same type (the op's rule)
+    out = arr(n)
+    _run("cpy", arr(a), lut(a), out, kind(n), 1, 1)  # a no-op in place
+    _run("cpy", arr(b), lut(b), _region(n, b), kind(n), 1, 1)
+
+
+@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "ACC")
+def _acc(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    _run("cpy", arr(a), lut(a), arr(n), kind(n), 1, 1)
+    region = _region(n, b)
+    _run("binary", region, lut(n), arr(b), lut(b), region, kind(n), BINARY_CODES["ADD"], 0.0, 0.0)
+
+
+# ------------------------------------------------------------------ rows
+ROW_CODES = {"SUM_ROWS": 0, "MEAN": 1, "NORM": 2, "RMS_NORM": 3, "RMS_NORM_BACK": 4, "SOFT_MAX_BACK": 5,
+             "DIAG_MASK_INF": 6, "DIAG_MASK_ZERO": 7, "L2_NORM": 8}
+
+
+def _rows(n: Tensor) -> None:
+    key = n.opdef.key
+    x = n.src[0]
+    y = n.src[1] if len(n.src) > 1 else x
+    if key in ("NORM", "RMS_NORM", "RMS_NORM_BACK", "L2_NORM"):
+        p0 = float(n.params["eps"])
+    elif key == "SOFT_MAX_BACK":
+        p0 = float(n.params["scale"])
+    elif key.startswith("DIAG_MASK"):
+        p0 = float(n.params["n_past"])
+    else:
+        p0 = 0.0
+    _run("rows", arr(x), lut(x), arr(y), lut(y), arr(n), kind(n), ROW_CODES[key], p0)
+
+
+kernel((FLOATS,), FLOATS, "SUM_ROWS")(_rows)
+kernel((FLOATS,), ONLY_F32, "MEAN")(_rows)
+kernel((ONLY_F32,), ONLY_F32, "NORM", "RMS_NORM", "L2_NORM", "DIAG_MASK_INF", "DIAG_MASK_ZERO")(_rows)
+
+
+@kernel((ONLY_F32,), ONLY_F32, "GROUP_NORM")
+def _group_norm(n: Tensor) -> None:
+    _run("group_norm", arr(n.src[0]), arr(n), int(n.params["n_groups"]), float(n.params["eps"]))
+kernel((ONLY_F32, ONLY_F32), ONLY_F32, "RMS_NORM_BACK", "SOFT_MAX_BACK")(_rows)
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """Per-head ALiBi slopes as ggml computes them (all 1 when max_bias is 0); the same
+    formula as the reference backend's."""
+    if max_bias <= 0:
+        return np.ones(n_head)
+    n_log2 = 2 ** math.floor(math.log2(n_head))
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-max_bias / 2 / n_log2)
+    h = np.arange(n_head)
+    return np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1))
+
+
+@kernel((ONLY_F32, frozenset({F32, F16}), ONLY_F32), ONLY_F32, "SOFT_MAX")
+def _soft_max(n: Tensor) -> None:
+    j = _jit()
+    a = n.src[0]
+    mask = n.src[1] if len(n.src) > 1 else None
+    sinks = n.src[2] if len(n.src) > 2 else None
+    slopes = np.ascontiguousarray(alibi_slopes(a.ne[2], float(n.params["max_bias"])), np.float64)
+    _run("soft_max", arr(a), arr(mask) if mask is not None else j.DUMMY, lut(mask) if mask is not None else j.NO_LUT,
+         arr(sinks) if sinks is not None else j.DUMMY, arr(n), slopes, float(n.params["scale"]),
+         int(mask is not None), int(sinks is not None))
+
+
+@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS")
+def _cross_entropy_loss(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    _run("cross_entropy", arr(a), arr(b), arr(n), 1.0, 0)
+
+
+@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
+def _cross_entropy_loss_back(n: Tensor) -> None:
+    g, a, b = n.src[0], n.src[1], n.src[2]
+    _run("cross_entropy", arr(a), arr(b), arr(n), float(g.host().reshape(-1)[0]), 1)
+
+
+# ------------------------------------------------------------------ matrices and indexing
+@kernel((FLOATS, ONLY_F32), ONLY_F32, "MUL_MAT")
+def _mul_mat(n: Tensor) -> None:
+    a = n.src[0]
+    _run("mul_mat", arr(a), lut(a), arr(n.src[1]), arr(n))
+
+
+@kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
+def _out_prod(n: Tensor) -> None:
+    a = n.src[0]
+    _run("out_prod", arr(a), lut(a), arr(n.src[1]), arr(n))
+
+
+@kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS")
+def _get_rows(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    idx = b.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
+        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
+                              f"min {idx.min()}, max {idx.max()}")
+    _run("get_rows", arr(a), lut(a), idx, arr(n))
+
+
+@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK")
+def _get_rows_back(n: Tensor) -> None:
+    g, b = n.src[0], n.src[1]
+    idx = b.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
+        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    _run("get_rows_back", arr(g), lut(g), idx, arr(n))
+
+
+# ------------------------------------------------------------------ whole-tensor reductions
+@kernel((FLOATS,), FLOATS, "SUM")
+def _sum(n: Tensor) -> None:
+    x = n.src[0]
+    _run("reduce_all", arr(x), lut(x), arr(x), lut(x), arr(n), kind(n), 0)
+
+
+@kernel((INDICES, INDICES), frozenset({I64}), "COUNT_EQUAL")
+def _count_equal(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    _run("reduce_all", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n), 1)
+
+
+@kernel((ONLY_F32,), INDICES, "ARGMAX")
+def _argmax(n: Tensor) -> None:
+    _run("argmax", arr(n.src[0]), arr(n))
+
+
+# ------------------------------------------------------------------ gated linear units
+GLU_ACT = {GluOp.REGLU.name: UNARY_CODES["RELU"], GluOp.GEGLU.name: UNARY_CODES["GELU"],
+           GluOp.SWIGLU.name: UNARY_CODES["SILU"], GluOp.GEGLU_ERF.name: UNARY_CODES["GELU_ERF"],
+           GluOp.GEGLU_QUICK.name: UNARY_CODES["GELU_QUICK"], GluOp.SWIGLU_OAI.name: -1}
+
+
+@kernel((FLOATS, FLOATS), FLOATS, *GLU_ACT)
+def _glu(n: Tensor) -> None:
+    a = n.src[0]
+    b = n.src[1] if len(n.src) > 1 else None
+    p = n.params
+    alpha, limit = (float(p["alpha"]), float(p["limit"])) if n.opdef.key == "SWIGLU_OAI" else (0.0, 0.0)
+    _run("glu", arr(a), lut(a), arr(b) if b is not None else arr(a), lut(b) if b is not None else lut(a), arr(n),
+         kind(n), GLU_ACT[n.opdef.key], int(b is None), int(bool(p["swapped"])), alpha, limit)
+
+
+# ------------------------------------------------------------------ joins, padding, sorting
+@kernel((COPYABLE, COPYABLE), COPYABLE, "CONCAT")
+def _concat(n: Tensor) -> None:
+    _run("concat", arr(n.src[0]), arr(n.src[1]), arr(n), 3 - int(n.params["dim"]))
+
+
+@kernel((ONLY_F32,), ONLY_F32, "PAD")
+def _pad(n: Tensor) -> None:
+    p = n.params
+    _run("index_map", arr(n.src[0]), arr(n), 0, int(p["lp3"]), int(p["lp2"]), int(p["lp1"]), int(p["lp0"]),
+         int(bool(p["circular"])))
+
+
+@kernel((ONLY_F32,), ONLY_F32, "PAD_REFLECT_1D")
+def _pad_reflect_1d(n: Tensor) -> None:
+    _run("index_map", arr(n.src[0]), arr(n), 1, 0, 0, 0, int(n.params["p0"]), 0)
+
+
+@kernel((ONLY_F32,), ONLY_F32, "DIAG")
+def _diag(n: Tensor) -> None:
+    _run("index_map", arr(n.src[0]), arr(n), 2, 0, 0, 0, 0, 0)
+
+
+@kernel((ONLY_F32,), INDICES, "ARGSORT")
+def _argsort(n: Tensor) -> None:
+    _run("argsort", arr(n.src[0]), arr(n), int(n.params["order"] == SortOrder.DESC))
+
+
+# ------------------------------------------------------------------ generators
+@kernel((), ONLY_F32, "ARANGE")
+def _arange(n: Tensor) -> None:
+    out = arr(n)
+    _run("generate", out, out, 0, float(n.params["start"]), float(n.params["step"]))
+
+
+@kernel((ONLY_F32,), ONLY_F32, "TIMESTEP_EMBEDDING")
+def _timestep_embedding(n: Tensor) -> None:
+    _run("generate", arr(n.src[0]), arr(n), 1, float(n.params["max_period"]), 0.0)

@@ -1,0 +1,223 @@
+"""The Numba backend: discovery, threads, conformance at one thread, and that it computes
+the heavy ops itself (no fallbacks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+
+pytest.importorskip("numba")
+
+NUMBA_THREADS_SNIPPET = "import prism_core as pc; print('threads', pc.backend('numba').threads)"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PRISM_BACKEND", None)
+    env.update(extra)
+    return env
+
+
+def test_discovered_via_entry_point_and_available():
+    info = next((i for i in pc.backends() if i.name == "numba"), None)
+    assert info is not None, [i.name for i in pc.backends()]
+    assert info.available, info.reason
+    assert info.plugin.startswith("numba (prism_numba")  # loaded from the entry point, not registered in-process
+    import numba
+    assert numba.__version__ in info.version
+    assert info.priority == 50
+    be = pc.backend("numba")
+    assert not be.is_reference and be.threads >= 1
+
+
+def test_thread_count_from_environment():
+    r = subprocess.run([sys.executable, "-c", NUMBA_THREADS_SNIPPET], env=_env(PRISM_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["threads", "1"]
+
+
+@pytest.mark.parametrize("var,value", [("PRISM_NUM_THREADS", "zero"), ("PRISM_NUM_THREADS", "0"),
+                                       ("PRISM_NUMBA_SERIAL_WORK", "-1")])
+def test_invalid_thread_settings_make_backend_unavailable_with_reason(var, value):
+    code = ("import prism_core as pc; i = next(i for i in pc.backends() if i.name == 'numba'); "
+            "print(i.available, i.reason)")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(**{var: value}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("False") and var in r.stdout
+
+
+@pytest.mark.parametrize("env", [{"PRISM_NUM_THREADS": "1"},
+                                 {"PRISM_NUM_THREADS": "2", "PRISM_NUMBA_SERIAL_WORK": "0"}],
+                         ids=["threads=1", "threads=2,every node parallel"])
+def test_conformance_has_no_failures(env):
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numba"],
+                       env=_env(**env), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    summary = next(line for line in r.stdout.splitlines() if line.startswith("numba:"))
+    assert " 0 failed" in summary, summary
+
+
+def _heavy_graph(ctx: pc.Context, rng: np.random.Generator) -> pc.Tensor:
+    w = ctx.from_numpy(rng.standard_normal((48, 96)).astype(np.float32))  # 48 rows of K=96
+    x = ctx.from_numpy(rng.standard_normal((2, 3, 70, 96)).astype(np.float32))  # batched, N=70
+    bias = ctx.from_numpy(rng.standard_normal(48).astype(np.float32))
+    h = pc.add(pc.rms_norm(pc.mul_mat(w, x), eps=1e-6), bias)  # [48, 70, 3, 2] in ggml order
+    return pc.soft_max_ext(h, scale=0.5)
+
+
+def test_heavy_ops_are_computed_by_numba_itself():
+    be = pc.backend("numba")
+    ctx = pc.Context()
+    out = _heavy_graph(ctx, np.random.default_rng(1))
+    graph = pc.Graph().expand(out)
+    keys = {n.opdef.key for n in graph.nodes if n.opdef is not None and not n.opdef.view_only}
+    assert keys == {"MUL_MAT", "RMS_NORM", "ADD", "SOFT_MAX"}
+    for n in graph.nodes:
+        if n.opdef is not None and not n.opdef.view_only:
+            assert be.supports(n), n.label
+    report = pc.compute(graph, "numba")
+    assert report.fallbacks == [] and report.computed == 4
+
+    ref_ctx = pc.Context()
+    ref = _heavy_graph(ref_ctx, np.random.default_rng(1))
+    pc.compute(ref, "numpy")
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_unsupported_nodes_fall_back_openly():
+    be = pc.backend("numba")
+    ctx = pc.Context()
+    a = ctx.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+    b16 = ctx.from_numpy(np.ones((2, 4), np.float16))
+    y = pc.mul_mat(a, b16)  # numba multiplies F32 b only
+    assert not be.supports(y)
+    report = pc.compute(y, "numba")
+    assert report.fell_back == ["MUL_MAT"] and report.fallbacks[0].reason == "not supported"
+    np.testing.assert_array_equal(y.numpy(), [[6, 22, 38], [6, 22, 38]])
+    with pytest.raises(pc.Unsupported, match="does not support"):
+        pc.compute(pc.mul_mat(a, b16), "numba", strict=True)
+
+
+def test_supports_checks_every_source_type():
+    be = pc.backend("numba")
+    ctx = pc.Context()
+    a16 = ctx.new_tensor(pc.F16, (8, 4))
+    b32 = ctx.new_tensor(pc.F32, (8, 3))
+    a32 = ctx.new_tensor(pc.F32, (8, 4))
+    assert be.supports(pc.mul_mat(a32, b32))
+    assert be.supports(pc.mul_mat(a16, b32))  # F16 weights are converted while packed
+    assert be.supports(pc.add(a16, a32)) and be.supports(pc.add(a32, a16))
+    i32 = ctx.new_tensor(pc.I32, (8, 4))
+    assert be.supports(pc.cont(i32))  # bit-for-bit integer copy
+    assert not be.supports(pc.cpy(a32, ctx.new_tensor(pc.I32, (8, 4))))  # conversions to integers: reference
+    empty = ctx.new_tensor(pc.F32, (0, 4))
+    assert not be.supports(pc.add(empty, empty))  # nothing to compute: left to the reference
+
+
+def test_threads_do_not_change_results():
+    import numba
+    be = pc.backend("numba")
+    results = []
+    for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        os.environ["PRISM_NUM_THREADS"] = str(n)
+        os.environ["PRISM_NUMBA_SERIAL_WORK"] = "0"  # every node through the thread pool
+        try:
+            ctx = pc.Context()
+            out = _heavy_graph(ctx, np.random.default_rng(2))
+            pc.compute(out, be)
+            assert be.threads == n
+            results.append(out.numpy())
+        finally:
+            del os.environ["PRISM_NUM_THREADS"], os.environ["PRISM_NUMBA_SERIAL_WORK"]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_in_place_ops_run_on_numba_but_partial_aliasing_falls_back():
+    be = pc.backend("numba")
+    ctx = pc.Context()
+    a = ctx.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert be.supports(pc.scale_inplace(a, 2.0)) and be.supports(pc.add_inplace(a, a))
+    row0 = pc.view_1d(a, 4)  # a's first row, which add_inplace overwrites before rows 1 and 2 read it
+    y = pc.add_inplace(a, row0)
+    assert not be.supports(y)
+    report = pc.compute(y, "numba")
+    assert report.fell_back == ["ADD"]
+    np.testing.assert_array_equal(y.numpy(), np.arange(12).reshape(3, 4) + np.arange(4))
+
+
+@pytest.mark.parametrize("t", [pc.F16, pc.BF16])
+def test_half_types_round_like_the_reference_bit_for_bit(t):
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([rng.standard_normal(521) * 10.0 ** rng.integers(-6, 5, 521),
+                           [0.0, -0.0, 65504.0, 7e4, 1e-8, -3e-5, 0.5]]).astype(np.float32)
+
+    def build(ctx):
+        a = ctx.from_numpy(vals.reshape(-1, 11), t)
+        b = ctx.from_numpy(vals[:11][::-1].copy(), pc.F32)
+        return [pc.scale_bias(a, 0.7, 0.1), pc.add(a, b), pc.gelu(a), pc.cpy(b, ctx.new_tensor(t, (11,))),
+                pc.sum_rows(a)]
+
+    outs = {}
+    for name in ("numba", "numpy"):
+        ctx = pc.Context()
+        nodes = build(ctx)
+        g = pc.Graph()
+        for n in nodes:
+            g.expand(n)
+        report = pc.compute(g, name)
+        assert report.fallbacks == []
+        outs[name] = [n.host().copy() for n in nodes]
+    for got, ref in zip(outs["numba"], outs["numpy"]):
+        np.testing.assert_array_equal(got.view(np.uint16), ref.view(np.uint16))
+
+
+def test_concurrent_computes_from_python_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(seed):
+        ctx = pc.Context()
+        out = _heavy_graph(ctx, np.random.default_rng(seed))
+        pc.compute(out, "numba")
+        return out.numpy()
+
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(one, range(8)))
+    for seed, g in enumerate(got):
+        np.testing.assert_array_equal(g, one(seed))
+
+
+def test_missing_numba_leaves_the_backend_listed_as_unavailable(tmp_path):
+    fake = tmp_path / "numba"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('numba is not installed here')\n")
+    code = ("import numpy as np, prism_core as pc\n"
+            "i = next(i for i in pc.backends() if i.name == 'numba')\n"
+            "print(i.available, '|', i.reason)\n"
+            "print(pc.backend().name, pc.broken_plugins())\n")
+    paths = [str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    r = subprocess.run([sys.executable, "-c", code], env=_env(PYTHONPATH=os.pathsep.join(paths)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == "False | numba cannot be imported: ImportError: numba is not installed here"
+    assert second == "numpy []"
+
+
+def test_kernel_coverage_of_the_op_table():
+    be = pc.backend("numba")
+    required = {"ADD", "SUB", "MUL", "DIV", "SCALE", "SQR", "SQRT", "LOG", "SIN", "COS", "LEAKY_RELU", "CLAMP",
+                "SILU_BACK", "SUM_ROWS", "MEAN", "NORM", "RMS_NORM", "RMS_NORM_BACK", "SOFT_MAX", "SOFT_MAX_BACK",
+                "MUL_MAT", "OUT_PROD", "GET_ROWS", "DIAG_MASK_INF", "DIAG_MASK_ZERO", "CROSS_ENTROPY_LOSS",
+                "CROSS_ENTROPY_LOSS_BACK", "OPT_STEP_ADAMW", "OPT_STEP_SGD", "CPY", "CONT", "DUP"}
+    required |= {u.name for u in pc.UnaryOp}
+    assert required <= set(be.kernels), sorted(required - set(be.kernels))
+    assert set(be.kernels) <= set(pc.OPS), sorted(set(be.kernels) - set(pc.OPS))
