@@ -452,3 +452,8 @@ from .build_attn import *  # noqa: E402,F403 - attention builders are part of th
 from .build_attn import __all__ as _attn_all  # noqa: E402
 
 __all__ += _attn_all
+
+from .build_conv import *  # noqa: E402,F403 - convolution/pooling/upscale builders are part of the public API
+from .build_conv import __all__ as _conv_all  # noqa: E402
+
+__all__ += _conv_all

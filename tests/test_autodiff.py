@@ -106,7 +106,7 @@ def test_failed_expansion_raises_and_rolls_back(case):
     w = f32(ctx, [[0.5, -1.0], [2.0, 1.0]]).set_param()
     h = pc.mul_mat(w, w)                                   # some derivative nodes get built first
     if case == "unsupported":
-        out = pc.gelu(h)                                   # GELU has no derivative rule yet
+        out = pc.gelu_erf(h)                               # GELU_ERF has no derivative rule
     elif case == "inplace":
         out = pc.relu_inplace(h)
     elif case == "bf16_source":
@@ -122,7 +122,7 @@ def test_failed_expansion_raises_and_rolls_back(case):
             "acc_foreign": {f32(ctx, [1.0]): ctx.new_tensor(pc.F32, (1,))}}.get(case)
     g = pc.Graph().expand(loss)
     before = _state(ctx, g)
-    expected = {"unsupported": (pc.Unsupported, "GELU"), "no_param": (pc.InvalidArgument, "parameter"),
+    expected = {"unsupported": (pc.Unsupported, "GELU_ERF"), "no_param": (pc.InvalidArgument, "parameter"),
                 "no_loss": (pc.InvalidArgument, "loss"), "acc_shape": (pc.ShapeMismatch, "accumulator"),
                 "acc_type": (pc.TypeMismatch, "f32"), "acc_foreign": (pc.InvalidArgument, "not a node"),
                 "inplace": (pc.InvalidArgument, "in-place"), "bf16_source": (pc.TypeMismatch, "bf16")}[case]
