@@ -168,3 +168,37 @@ def test_cli_grad_mode(capsys):
     assert cli(["conformance", "--mode", "grad", "--backend", "numpy", "--op", "MUL_MAT", "--op", "SOFT_MAX"]) == 0
     out = capsys.readouterr().out
     assert "MUL_MAT" in out and "SOFT_MAX" in out and "0 failed" in out
+
+
+def test_two_layer_mlp_gradients_match_a_hand_written_numpy_backward():
+    rng = np.random.default_rng(11)
+    n, d_in, d_hid, d_out = 8, 5, 7, 3
+    x_np = rng.normal(size=(n, d_in))
+    labels = np.eye(d_out)[rng.integers(0, d_out, n)]
+    w1_np, b1_np = rng.normal(0, 0.5, (d_hid, d_in)), rng.normal(0, 0.1, d_hid)
+    w2_np, b2_np = rng.normal(0, 0.5, (d_out, d_hid)), rng.normal(0, 0.1, d_out)
+
+    # NumPy forward and backward, written out
+    z1 = x_np @ w1_np.T + b1_np
+    h = np.maximum(z1, 0)
+    z2 = h @ w2_np.T + b2_np
+    p = np.exp(z2 - z2.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    dz2 = (p - labels) / n                     # d mean-cross-entropy / d logits
+    dw2, db2 = dz2.T @ h, dz2.sum(0)
+    dz1 = (dz2 @ w2_np) * (z1 > 0)
+    dw1, db1 = dz1.T @ x_np, dz1.sum(0)
+
+    ctx = pc.Context()
+    w1, b1 = ctx.from_numpy(w1_np.astype(np.float32)).set_param(), ctx.from_numpy(b1_np.astype(np.float32)).set_param()
+    w2, b2 = ctx.from_numpy(w2_np.astype(np.float32)).set_param(), ctx.from_numpy(b2_np.astype(np.float32)).set_param()
+    x = ctx.from_numpy(x_np.astype(np.float32))
+    hidden = pc.relu(pc.add(pc.mul_mat(w1, x), b1))
+    logits = pc.add(pc.mul_mat(w2, hidden), b2)
+    loss = pc.cross_entropy_loss(logits, ctx.from_numpy(labels.astype(np.float32))).set_loss()
+    g = pc.Graph().expand(loss)
+    pc.build_backward(g)
+    pc.reset(g)
+    pc.compute(g)
+    for t, expect in ((w1, dw1), (b1, db1), (w2, dw2), (b2, db2)):
+        np.testing.assert_allclose(g.grad(t).numpy(), expect, rtol=1e-4, atol=1e-6)
