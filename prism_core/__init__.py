@@ -37,8 +37,10 @@ from .hookspecs import INTERFACE_VERSION, hookimpl
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, opdef
 from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
+from .plan import Plan, plan
 from .schedule import ComputeReport, compute
 from .tensor import Flag, Tensor
 from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType
 
 __version__ = "0.1.0"
+from . import train  # noqa: E402  - training as in ggml-opt (prism_core.train)

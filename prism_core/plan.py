@@ -1,0 +1,181 @@
+"""Plan a graph once, compute it many times (ggml's graph allocator + backend scheduler).
+
+Planning resolves each node's kernel (the backend's, or the reference's when the
+backend does not support the node) and gives every intermediate result a place in one
+shared arena: a buffer is reused once the last node reading it (directly or through a
+view) has run, and an op that has an in-place variant writes over its first source when
+that source dies at it. Tensors flagged input, output, param or loss, gradients,
+accumulators and results that nothing in the graph reads are never reused (gradients may
+be, with ``keep_grads=False``, once the optimizer nodes have read them). Computing a
+plan then only calls kernels.
+
+After a planned compute, only protected tensors hold meaningful values: intermediate
+buffers have been overwritten by later nodes (flag a tensor with ``set_output`` to keep
+it). A plan describes the graph as it was when planned; plan again after changing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend import Backend
+from .errors import Unsupported
+from .graph import Graph
+from .registry import REGISTRY
+from .schedule import Fallback
+from .tensor import Flag, Tensor
+
+ALIGN = 64
+_PROTECTED_FLAGS = Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.LOSS
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Arena:
+    """First-fit allocator over one growing range of offsets, merging freed neighbours."""
+
+    def __init__(self) -> None:
+        self.free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
+        self.size = 0
+
+    def alloc(self, n: int) -> int:
+        best = None
+        for i, (off, size) in enumerate(self.free):
+            if size >= n and (best is None or size < self.free[best][1]):
+                best = i
+        if best is None:
+            if self.free and self.free[-1][0] + self.free[-1][1] == self.size:  # grow the last free block
+                off, _ = self.free.pop()
+                self.size = off + n
+                return off
+            off, self.size = self.size, self.size + n
+            return off
+        off, size = self.free.pop(best)
+        if size > n:
+            self.free.insert(best, (off + n, size - n))
+        return off
+
+    def release(self, off: int, n: int) -> None:
+        self.free.append((off, n))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    backend: Backend
+    steps: list[tuple[Callable[[Tensor], None], Tensor]]
+    fallbacks: list[Fallback] = field(default_factory=list)
+    arena_bytes: int = 0  # the shared buffer holding every reusable intermediate
+    protected_bytes: int = 0  # results that keep their own memory
+    naive_bytes: int = 0  # what giving every result its own buffer takes
+    inplace_reuses: int = 0
+    arena: np.ndarray | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.arena_bytes + self.protected_bytes
+
+    def compute(self) -> Plan:
+        for fn, node in self.steps:
+            fn(node)
+        return self
+
+    def summary(self) -> str:
+        ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
+        return (f"plan on {self.backend.name}: {len(self.steps)} kernels, {len(self.fallbacks)} on the reference; "
+                f"result memory {self.peak_bytes} bytes vs {self.naive_bytes} unplanned ({ratio:.0%}), "
+                f"{self.inplace_reuses} in-place reuses")
+
+
+def _bound_kernel(be: Backend, node: Tensor) -> Callable[[Tensor], None]:
+    """The cheapest callable computing ``node`` on ``be``: the kernel itself when the
+    backend uses the default compute, else the backend's compute."""
+    if type(be).compute is Backend.compute:
+        return be.kernels[node.opdef.key]
+    return be.compute
+
+
+def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False,
+         reuse: bool = True, keep_grads: bool = True) -> Plan:
+    """Resolve kernels and assign memory for ``graph`` on ``backend`` (see module doc).
+
+    ``keep_grads=False`` lets gradients that are not accumulators share memory once read
+    (a training step whose optimizer nodes consume them needs no copy of them afterwards)."""
+    if isinstance(graph, Tensor):
+        graph = Graph(capacity=1 << 20).expand(graph)
+    be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
+    steps, fallbacks = [], []
+    reference: Backend | None = None
+    for node in graph.nodes:
+        d = node.opdef
+        if d is None or d.view_only:
+            continue
+        if be.supports(node):
+            steps.append((_bound_kernel(be, node), node))
+            continue
+        if strict:
+            raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
+        reference = reference or REGISTRY.reference()
+        if not reference.supports(node):
+            raise Unsupported(f"neither {be.name!r} nor the reference can compute {node.label}")
+        steps.append((_bound_kernel(reference, node), node))
+        fallbacks.append(Fallback(node, "not supported"))
+    p = Plan(graph, be, steps, fallbacks)
+    _assign_memory(p, reuse, keep_grads)
+    return p
+
+
+def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
+    nodes = p.graph.nodes
+    protected = {id(t) for t in (list(p.graph.grads.values()) if keep_grads else []) + list(p.graph.grad_accs.values())}
+    last_read: dict[int, int] = {}  # id(storage owner) -> index of the last node reading it
+    for i, n in enumerate(nodes):
+        for s in n.src:
+            if s is not None:
+                last_read[id(s.base)] = i
+        if n.view_src is not None:  # writing through a view keeps the owner alive
+            last_read[id(n.base)] = max(last_read.get(id(n.base), i), i)
+    owners = [n for n in nodes if n.view_src is None and n.opdef is not None]
+    p.naive_bytes = sum(n.nbytes for n in owners)
+    shared = [n for n in owners if reuse and not n.flags & _PROTECTED_FLAGS and id(n) not in protected
+              and id(n) in last_read]
+    shared_ids = {id(n) for n in shared}
+    p.protected_bytes = p.naive_bytes - sum(n.nbytes for n in shared)
+
+    arena = _Arena()
+    live: dict[int, tuple[int, int]] = {}  # id(owner) -> (offset, size) while its value is needed
+    offset: dict[int, int] = {}
+    dies_at: dict[int, list[Tensor]] = {}
+    for n in shared:
+        dies_at.setdefault(last_read[id(n)], []).append(n)
+    for i, n in enumerate(nodes):
+        if id(n) in shared_ids:
+            src0 = n.src[0] if n.src else None
+            if (n.opdef.inplace and src0 is not None and id(src0) in live and last_read[id(src0)] == i
+                    and (src0.ne, src0.nb, src0.type) == (n.ne, n.nb, n.type)):
+                live[id(n)] = live.pop(id(src0))  # write over the dying first source, as ggml does
+                dies_at[i].remove(src0)
+                p.inplace_reuses += 1
+            else:
+                size = _align(max(n.nbytes, 1))
+                live[id(n)] = (arena.alloc(size), size)
+            offset[id(n)] = live[id(n)][0]
+        for dead in dies_at.get(i, []):
+            arena.release(*live.pop(id(dead)))
+    p.arena_bytes = arena.size
+    p.arena = np.zeros(max(arena.size, 1), dtype=np.uint8)
+    for n in shared:
+        n._storage = p.arena[offset[id(n)]: offset[id(n)] + n.nbytes]

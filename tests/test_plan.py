@@ -1,0 +1,107 @@
+"""Planning: kernels resolved once, intermediate buffers reused, protected tensors kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+
+
+def training_graph(ctx, rng, bs=16, din=12, dh=20, dout=4):
+    x = ctx.from_numpy(rng.normal(size=(bs, din)).astype(np.float32)).set_input()
+    w1 = ctx.from_numpy(rng.normal(0, 0.3, (dh, din)).astype(np.float32)).set_param()
+    w2 = ctx.from_numpy(rng.normal(0, 0.3, (dout, dh)).astype(np.float32)).set_param()
+    labels = ctx.from_numpy(np.eye(dout, dtype=np.float32)[rng.integers(0, dout, bs)]).set_input()
+    hidden = pc.sqr(pc.tanh(pc.mul_mat(w1, x)))            # a chain with in-place-capable ops
+    loss = pc.cross_entropy_loss(pc.mul_mat(w2, hidden), labels).set_loss()
+    g = pc.Graph().expand(loss)
+    pc.build_backward(g)
+    return g, (w1, w2), loss
+
+
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available])
+def test_planned_compute_matches_unplanned(backend):
+    ctx_a, ctx_b = pc.Context(), pc.Context()
+    ga, pa, la = training_graph(ctx_a, np.random.default_rng(0))
+    gb, pb, lb = training_graph(ctx_b, np.random.default_rng(0))
+    pc.reset(ga)
+    pc.reset(gb)
+    pc.compute(ga, backend)
+    plan = pc.plan(gb, backend)
+    plan.compute()
+    assert float(la.numpy()[0]) == pytest.approx(float(lb.numpy()[0]), rel=1e-6)
+    for a, b in zip(pa, pb):
+        np.testing.assert_allclose(gb.grad(b).numpy(), ga.grad(a).numpy(), rtol=1e-5, atol=1e-7)
+    plan.compute()  # computing again gives the same values
+    for a, b in zip(pa, pb):
+        np.testing.assert_allclose(gb.grad(b).numpy(), ga.grad(a).numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_buffers_are_reused_and_protected_tensors_are_not():
+    ctx = pc.Context()
+    g, params, loss = training_graph(ctx, np.random.default_rng(1))
+    plan = pc.plan(g, "numpy")
+    assert plan.arena_bytes > 0 and plan.peak_bytes < plan.naive_bytes
+    assert plan.inplace_reuses >= 1  # tanh -> sqr: sqr writes over its dying source
+    shared = [n for n in g.nodes if n.view_src is None and n._storage is not None
+              and np.shares_memory(n._storage, plan.arena)]
+    protected = [loss, *(g.grad(p) for p in params), *g.grad_accs.values()]
+    for t in protected:
+        assert t._storage is None or not np.shares_memory(t._storage, plan.arena), t.label
+    # two results that share arena bytes are never alive at the same time
+    index = {id(n): i for i, n in enumerate(g.nodes)}
+    last = {}
+    for i, n in enumerate(g.nodes):
+        for s in n.src:
+            if s is not None:
+                last[id(s.base)] = i
+    for a in shared:
+        for b in shared:
+            if a is not b and np.shares_memory(a._storage, b._storage):
+                ia, ib = index[id(a)], index[id(b)]
+                first, second = (a, b) if ia < ib else (b, a)
+                assert last[id(first)] <= index[id(second)], (first.label, second.label)
+
+
+def test_no_reuse_keeps_every_result():
+    ctx = pc.Context()
+    g, _, _ = training_graph(ctx, np.random.default_rng(2))
+    plan = pc.plan(g, "numpy", reuse=False)
+    assert plan.arena_bytes == 0 and plan.peak_bytes == plan.naive_bytes
+
+
+def test_outputs_keep_their_values_after_planned_compute():
+    ctx = pc.Context()
+    x = ctx.from_numpy(np.arange(1, 7, dtype=np.float32))
+    kept = pc.exp(pc.log(x)).set_output()
+    y = pc.sqr(pc.sqr(pc.sin(kept)))
+    pc.plan(pc.Graph().expand(y), "numpy").compute()
+    np.testing.assert_allclose(kept.numpy(), np.arange(1, 7), rtol=1e-6)
+    np.testing.assert_allclose(y.numpy(), np.sin(np.arange(1, 7)) ** 4, rtol=1e-5)
+
+
+def test_plan_resolves_fallbacks_once_and_strict_refuses():
+    class OnlyAdd(pc.Backend):
+        name = "onlyadd_plan"
+        kernels = {"ADD": pc.backend("numpy").kernels["ADD"]}
+
+    ctx = pc.Context()
+    a = ctx.from_numpy(np.ones(4, np.float32))
+    y = pc.mul(pc.add(a, a), a)
+    plan = pc.plan(y, OnlyAdd())
+    assert [f.node.opdef.key for f in plan.fallbacks] == ["MUL"] and len(plan.steps) == 2
+    plan.compute()
+    np.testing.assert_array_equal(y.numpy(), [2, 2, 2, 2])
+    with pytest.raises(pc.Unsupported, match="MUL"):
+        pc.plan(y, OnlyAdd(), strict=True)
+
+
+def test_keep_grads_false_lets_optimizer_consumed_gradients_share_memory():
+    ctx = pc.Context()
+    g, params, _ = training_graph(ctx, np.random.default_rng(3), bs=64)
+    opt = ctx.from_numpy(np.array([1e-3, 0.9, 0.999, 1e-8, 0.0, 10.0, 1000.0], np.float32))
+    for p in params:
+        g.expand(pc.opt_step_adamw(p, g.grad(p), ctx.new_tensor(pc.F32, p.ne), ctx.new_tensor(pc.F32, p.ne), opt))
+    kept, shared = pc.plan(g, "numpy"), pc.plan(g, "numpy", keep_grads=False)
+    assert shared.peak_bytes < kept.peak_bytes
