@@ -37,7 +37,7 @@ def _align(n: int) -> int:
 
 
 class _Arena:
-    """First-fit allocator over one growing range of offsets, merging freed neighbours."""
+    """Best-fit allocator over one growing range of offsets, merging freed neighbours."""
 
     def __init__(self) -> None:
         self.free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
@@ -45,7 +45,7 @@ class _Arena:
 
     def alloc(self, n: int) -> int:
         best = None
-        for i, (off, size) in enumerate(self.free):
+        for i, (_off, size) in enumerate(self.free):
             if size >= n and (best is None or size < self.free[best][1]):
                 best = i
         if best is None:
