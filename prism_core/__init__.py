@@ -36,8 +36,8 @@ from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, opdef
-from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
 from .plan import Plan, plan
+from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
 from .schedule import ComputeReport, compute
 from .tensor import Flag, Tensor
 from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType
