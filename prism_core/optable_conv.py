@@ -122,8 +122,7 @@ define("IM2COL", Op.IM2COL, (Src("a", FLOATS), Src("b", FLOATS)), _im2col_rule,
        "patches of b for a convolution with kernel a (shape only): 2D -> [IC*KH*KW, OW, OH, N], "
        "1D -> [IC*K, OL, N, 1]; column index ic*KH*KW + kh*KW + kw; taps outside b read 0",
        params=_IM2COL_PARAMS + (Param("dst_type", GGMLType, F32, doc="result type, f32 or f16"),),
-       grad={"a": IGNORE, "b": _im2col_grad},
-       nograd="the kernel a only supplies its shape")
+       grad={"a": IGNORE, "b": _im2col_grad})  # the kernel a only supplies its shape
 define("IM2COL_BACK", Op.IM2COL_BACK, (Src("grad", FLOATS), Src("kernel", FLOATS)), _im2col_back_rule,
        "adjoint of IM2COL: F32 of the input extents ne, each input element the sum of the grad columns "
        "that read it", params=_IM2COL_PARAMS[:6] + (Param("ne", tuple, length=4, doc="input extents"),
@@ -162,7 +161,7 @@ define("CONV_TRANSPOSE_1D", Op.CONV_TRANSPOSE_1D, (Src("a", FLOATS), Src("b", FL
        "a [K, OC, IC], b [L, IC] -> F32 [(L-1)*s0 + K, OC]: out[l*s0 + k, oc] += sum_ic a[k, oc, ic] b[l, ic]",
        params=(Param("s0", int, 1, min=1, max=_BIG), Param("p0", int, 0, min=0, max=_BIG, doc="must be 0"),
                Param("d0", int, 1, min=1, max=_BIG, doc="must be 1")),
-       nmse=5e-4, nograd="derivative rule not written (ggml has none)")
+       nograd="derivative rule not written (ggml has none)")
 define("CONV_2D", Op.CONV_2D, (Src("a", FLOATS), Src("b", F32_F16)), _conv_2d_rule,
        "direct 2D convolution: a [KW, KH, IC, OC], b [W, H, IC, N] -> b's type [OW, OH, OC, N], "
        "out = sum_{ic,kh,kw} a[kw,kh,ic,oc] b[ow*s0 + kw*d0 - p0, oh*s1 + kh*d1 - p1, ic, n] (outside b: 0)",
@@ -247,24 +246,3 @@ define("UPSCALE", Op.UPSCALE, (Src("a", ONLY_F32),), _upscale_rule,
        params=(Param("ne", tuple, length=4, doc="result extents"), Param("mode", ScaleMode, ScaleMode.NEAREST),
                Param("align_corners", bool, False, doc="GGML_SCALE_FLAG_ALIGN_CORNERS (BILINEAR only)")),
        nograd="derivative rule not written (ggml has none)")
-
-
-# ------------------------------------------------------------------ table order
-CONV_KEYS = ("CONV_TRANSPOSE_1D", "IM2COL", "IM2COL_BACK", "CONV_2D", "POOL_1D", "POOL_2D", "POOL_2D_BACK",
-             "UPSCALE")
-
-
-def _place_in_ggml_order(keys: tuple[str, ...], before: str) -> None:
-    """Move ``keys`` (ops 51..63) just before ``before`` (PAD, op 64) in the table, in place."""
-    if before not in OPS:
-        return
-    mine = {k: OPS[k] for k in keys}
-    items = [(k, v) for k, v in OPS.items() if k not in mine]
-    OPS.clear()
-    for k, v in items:
-        if k == before:
-            OPS.update(mine)
-        OPS[k] = v
-
-
-_place_in_ggml_order(CONV_KEYS, "PAD")

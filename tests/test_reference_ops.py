@@ -531,7 +531,8 @@ def test_every_op_key_is_verified():
     keys = set(VERIFIED)
     siblings = sorted(p for p in here.parent.glob("test_reference_*.py") if p != here)
     assert {p.name for p in siblings} >= {"test_reference_matrix.py", "test_reference_softmax_loss.py",
-                                          "test_reference_more_ops.py", "test_reference_attn.py"}
+                                          "test_reference_more_ops.py", "test_reference_attn.py",
+                                          "test_reference_conv.py"}
     for path in siblings:
         spec = importlib.util.spec_from_file_location(f"_prism_refcov_{path.stem}", path)
         mod = importlib.util.module_from_spec(spec)
