@@ -11,7 +11,7 @@ import enum
 
 from .errors import InvalidArgument, ShapeMismatch, TypeMismatch
 from .ops import Op
-from .optable import FLOATS, IGNORE, INT32_MAX, ONLY_F32, OPS, Out, Src, _fail, define
+from .optable import FLOATS, IGNORE, INT32_MAX, ONLY_F32, Out, Src, _fail, define
 from .params import Param
 from .types import F16, F32, GGMLType, traits
 
