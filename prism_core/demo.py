@@ -1,9 +1,9 @@
-"""``prism demo``: an end-to-end run of the framework on a real graph.
+"""``prism demo``: an end-to-end run of the framework on a small real graph.
 
-Softmax regression on three Gaussian clusters, with the backward pass written as
-ordinary Prism ops (cross_entropy_loss_back, out_prod, repeat_back) and AdamW as the
-OPT_STEP_ADAMW op, so forward, gradient and update all run on the chosen backend.
-The first loss is checked against NumPy written directly.
+Softmax regression on three Gaussian clusters: the forward graph is built from ops,
+``build_backward`` adds the gradients symbolically, one OPT_STEP_ADAMW node per
+parameter updates it, and the whole step is planned once and computed on the chosen
+backend. The first loss is checked against NumPy written directly.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import time
 import numpy as np
 
 from . import build as B
+from .autodiff import build_backward, reset
 from .context import Context
 from .graph import Graph
+from .plan import plan
 from .registry import backend as get_backend
-from .schedule import compute
 from .types import F32
 
 
@@ -43,34 +44,34 @@ def main(backend_name: str | None = None, steps: int = 60) -> int:
     loss = B.cross_entropy_loss(logits, labels).set_name("loss")
     correct = B.count_equal(B.argmax(logits), B.argmax(labels))
 
-    # backward, written with ordinary ops: dlogits -> dw (out_prod), db (repeat_back)
-    one = ctx.from_numpy(np.ones(1, np.float32), name="dloss")
-    dlogits = B.cross_entropy_loss_back(one, logits, labels)
-    grads = {w: B.out_prod(x, dlogits), b: B.repeat_back(dlogits, b)}
-    opt = ctx.new_tensor(F32, (7,), "adamw params")
-    graph = Graph().expand(loss).expand(correct)
-    for p, g in grads.items():
+    graph = Graph().expand(loss.set_loss()).expand(correct.set_output())
+    build_backward(graph)                                      # gradients as ordinary op nodes
+    opt = ctx.new_tensor(F32, (7,), "adamw params").set_input()
+    for p in (w, b):
         m, v = ctx.new_tensor(F32, p.ne), ctx.new_tensor(F32, p.ne)
-        graph.expand(B.opt_step_adamw(p, g, m, v, opt))
+        graph.expand(B.opt_step_adamw(p, graph.grad(p), m, v, opt))
+    reset(graph)
+    step = plan(graph, be, keep_grads=False)                   # kernels and memory resolved once
 
     ref_logits = x_np @ w.numpy().T
     ref_logp = ref_logits - np.log(np.exp(ref_logits).sum(1, keepdims=True))
     ref_loss = float(-(y_np * ref_logp).sum() / n)
 
     print(f"prism demo on backend '{be.name}': softmax regression, {n} points, {len(graph)} nodes per step")
+    print(f"  {step.summary()}")
     alpha, beta1, beta2 = 0.1, 0.9, 0.999
     t0 = time.perf_counter()
     for it in range(1, steps + 1):
         opt.set([alpha, beta1, beta2, 1e-8, 0.0, 1 / (1 - beta1**it), 1 / (1 - beta2**it)])
-        report = compute(graph, be)
+        step.compute()
         if it == 1:
             got = float(loss.numpy()[0])
             print(f"  step 1: loss {got:.6f} (NumPy written directly: {ref_loss:.6f})")
             if not np.isclose(got, ref_loss, rtol=1e-4):
                 print("  MISMATCH against NumPy")
                 return 1
-            if report.fallbacks:
-                print(f"  nodes that fell back to the reference: {', '.join(report.fell_back)}")
+            if step.fallbacks:
+                print(f"  nodes on the reference backend: {', '.join(f.node.opdef.key for f in step.fallbacks)}")
         if it % 20 == 0:
             print(f"  step {it}: loss {float(loss.numpy()[0]):.4f}, accuracy {int(correct.numpy()[0]) / n:.1%}")
     dt = time.perf_counter() - t0
