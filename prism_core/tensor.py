@@ -96,7 +96,7 @@ class Tensor:
     """
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "opdef", "params", "src", "view_src",
-                 "view_offs", "flags", "_name", "_storage", "__weakref__")
+                 "view_offs", "flags", "_name", "_storage", "_host", "__weakref__")
 
     def __init__(self, ctx: Context, type: GGMLType, ne: tuple[int, int, int, int],
                  nb: tuple[int, int, int, int] | None = None, *, view_src: Tensor | None = None,
@@ -117,6 +117,7 @@ class Tensor:
         self.flags = Flag(0)
         self._name = name
         self._storage: np.ndarray | None = None
+        self._host: tuple[np.ndarray, np.ndarray] | None = None  # (storage it views, the view)
 
     # ------------------------------------------------------------ metadata
     @property
@@ -246,12 +247,17 @@ class Tensor:
     def host(self) -> np.ndarray:
         """A strided 4-dim NumPy view (ne3, ne2, ne1, ne0) over this tensor's memory,
         in its host dtype (uint16 bits for BF16). Writing to it writes the tensor."""
+        buf = self.storage()
+        cached = self._host
+        if cached is not None and cached[0] is buf:  # kernels ask for it on every call: build it once
+            return cached[1]
         tr = self.traits
         if tr.is_quantized:
             raise Unsupported(f"{self.label}: raw element views of quantized {tr.name} data are not supported")
-        buf = self.storage()
-        return np.ndarray(shape=tuple(reversed(self.ne)), dtype=tr.host_dtype, buffer=buf,
+        view = np.ndarray(shape=tuple(reversed(self.ne)), dtype=tr.host_dtype, buffer=buf,
                           offset=self.view_offs, strides=tuple(reversed(self.nb)))
+        self._host = (buf, view)
+        return view
 
     def numpy(self) -> np.ndarray:
         """A copy of the values in NumPy order with :attr:`shape`. BF16 values come back

@@ -828,9 +828,20 @@ class Kernel:
     def __init__(self, dispatcher) -> None:
         self.dispatcher = dispatcher  # compilation is disabled after the first explicit compile
         self.compiled: set[tuple] = set()
+        self.entry: dict[tuple, object] = {}  # cheap argument key -> the compiled entry point
 
     def __call__(self, *args):
-        sig = tuple(_numba_type(x) for x in args)
+        # Dispatch on a cheap key (dtype, ndim, usable) instead of numba's own typing of
+        # every argument: small nodes are dominated by this per-call cost.
+        key = tuple((x.dtype.char, x.ndim, x.flags.writeable and x.flags.aligned) if isinstance(x, np.ndarray)
+                    else type(x) for x in args)
+        entry = self.entry.get(key)
+        if entry is None:
+            entry = self.entry[key] = self._entry_point(tuple(_numba_type(x) for x in args))
+        with _RUN:
+            return entry(*args)
+
+    def _entry_point(self, sig: tuple):
         if sig not in self.compiled:
             with _LOCK:
                 if sig not in self.compiled:
@@ -845,8 +856,7 @@ class Kernel:
                         if self.dispatcher.signatures:  # numba refuses to disable with none compiled
                             self.dispatcher.disable_compile(True)
                     self.compiled.add(sig)
-        with _RUN:
-            return self.dispatcher(*args)
+        return self.dispatcher.overloads[sig].entry_point
 
 
 KERNELS = {name: Kernel(f) for name, f in (
