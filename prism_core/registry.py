@@ -32,6 +32,7 @@ class BackendInfo:
     reason: str
     plugin: str
     backend: Backend | None = None
+    interface_version: int | None = None  # the plugin interface the backend was built for
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Registry:
             except Exception as e:  # noqa: BLE001
                 ok, reason = False, f"availability check raised {type(e).__name__}: {e}"
         self._backends[b.name] = BackendInfo(b.name, str(b.version), int(b.priority), bool(ok), reason,
-                                             label, b)
+                                             label, b, interface_version=b.interface_version)
 
     # ---------------------------------------------------------------- queries
     def infos(self) -> list[BackendInfo]:

@@ -1,17 +1,29 @@
-"""The op-by-backend table printed by ``prism conformance``."""
+"""What ``prism conformance`` prints and publishes.
+
+:func:`table` is the op-by-backend table with a summary line per backend and every
+failure spelled out; :func:`certificate` is the same run as a JSON-ready support table
+(:func:`to_json`, :func:`to_markdown`) for a backend to publish.
+"""
 
 from __future__ import annotations
 
+import json
+import platform
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
+from typing import Any
 
-from .runner import FAIL, PASS, UNSUPPORTED, CaseResult
+from .runner import FAIL, PASS, TIMEOUT, UNSUPPORTED, CaseResult
+
+REPORT_FORMAT = 1  # bumped when the JSON layout changes incompatibly
 
 
 def cell(results: list[CaseResult]) -> str:
     c = Counter(r.status for r in results)
     n = len(results)
-    if c[FAIL]:
-        return f"FAIL {c[FAIL]}/{n}"
+    bad = c[FAIL] + c[TIMEOUT]
+    if bad:
+        return f"FAIL {bad}/{n}" + (f" ({c[TIMEOUT]} timeout)" if c[TIMEOUT] else "")
     if c[UNSUPPORTED] == n:
         return "unsupported"
     if c[UNSUPPORTED]:
@@ -19,26 +31,139 @@ def cell(results: list[CaseResult]) -> str:
     return f"ok {n}/{n}"
 
 
+def op_status(results: list[CaseResult]) -> str:
+    """One word per op: ok (every case passed), partial (passed some, the rest unsupported),
+    fail (any case failed or timed out), unsupported (no case supported), no cases."""
+    if not results:
+        return "no cases"
+    c = Counter(r.status for r in results)
+    if c[FAIL] or c[TIMEOUT]:
+        return "fail"
+    if c[UNSUPPORTED] == len(results):
+        return "unsupported"
+    return "partial" if c[UNSUPPORTED] else "ok"
+
+
+def _by_op(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
+    by: dict[str, list[CaseResult]] = defaultdict(list)
+    for r in results:
+        by[r.case.key].append(r)
+    return by
+
+
+def summary(name: str, results: list[CaseResult]) -> str:
+    """``name: P passed, F failed, U unsupported cases, T timed out (ops ...)``."""
+    c = Counter(r.status for r in results)
+    ops_c = Counter(op_status(v) for v in _by_op(results).values())
+    return (f"{name}: {c[PASS]} passed, {c[FAIL]} failed, {c[UNSUPPORTED]} unsupported cases, "
+            f"{c[TIMEOUT]} timed out ({ops_c['ok']} ops ok, {ops_c['partial']} partial, "
+            f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported)")
+
+
 def table(results: dict[str, list[CaseResult]], ops: list[str]) -> str:
     """``results`` maps backend name -> its case results (in op order)."""
     names = list(results)
-    by = {b: defaultdict(list) for b in names}
-    for b, rs in results.items():
-        for r in rs:
-            by[b][r.case.key].append(r)
+    by = {b: _by_op(rs) for b, rs in results.items()}
     rows = [["op", *names]]
     for op in ops:
-        rows.append([op, *(cell(by[b][op]) if by[b][op] else "no cases" for b in names)])
+        rows.append([op, *(cell(by[b][op]) if by[b].get(op) else "no cases" for b in names)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
-    for b in names:
-        c = Counter(r.status for r in results[b])
-        ops_c = Counter(cell(v).split()[0] for v in by[b].values())
-        lines.append(f"{b}: {c[PASS]} passed, {c[FAIL]} failed, {c[UNSUPPORTED]} unsupported cases "
-                     f"({ops_c['ok']} ops ok, {ops_c['FAIL']} failing, {ops_c['unsupported']} unsupported)")
-    failures = [r for rs in results.values() for r in rs if r.status == FAIL]
+    lines += [summary(b, results[b]) for b in names]
+    failures = [r for rs in results.values() for r in rs if r.failed]
     if failures:
         lines += ["", "Failures:"] + [f"  {r.describe()}" for r in failures]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ certification report
+def certificate(results: dict[str, list[CaseResult]], ops: list[str], *, mode: str,
+                backends: dict[str, dict[str, Any]] | None = None, run: dict[str, Any] | None = None) -> dict:
+    """The run as a JSON-ready dict: prism and plugin-interface versions, mode, and per
+    backend its name/version/plugin, summary counts, per-op status and counts, and every
+    failure with its case, metric, bound and worst element."""
+    from .. import __version__
+    from ..hookspecs import INTERFACE_VERSION
+    out: dict[str, Any] = {
+        "format": REPORT_FORMAT, "prism_version": __version__, "interface_version": INTERFACE_VERSION,
+        "mode": mode, "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(), "platform": platform.platform(), **(run or {}), "backends": [],
+    }
+    for name, rs in results.items():
+        by = _by_op(rs)
+        c = Counter(r.status for r in rs)
+        entry: dict[str, Any] = {"name": name, **(backends or {}).get(name, {}),
+                                 "summary": {"cases": len(rs), "passed": c[PASS], "failed": c[FAIL],
+                                             "unsupported": c[UNSUPPORTED], "timeout": c[TIMEOUT]},
+                                 "ops": {}, "failures": [r.to_dict() for r in rs if r.failed]}
+        for op in ops:
+            ors = by.get(op, [])
+            oc = Counter(r.status for r in ors)
+            info: dict[str, Any] = {"status": op_status(ors), "cases": len(ors), "passed": oc[PASS],
+                                    "failed": oc[FAIL], "unsupported": oc[UNSUPPORTED], "timeout": oc[TIMEOUT]}
+            reasons = sorted({r.message for r in ors if r.status == UNSUPPORTED})
+            if reasons:
+                info["unsupported_reasons"] = reasons
+            entry["ops"][op] = info
+        entry["summary"]["ops"] = dict(Counter(v["status"] for v in entry["ops"].values()))
+        out["backends"].append(entry)
+    return out
+
+
+def to_json(cert: dict) -> str:
+    return json.dumps(cert, indent=2) + "\n"
+
+
+def _md(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(cert: dict) -> str:
+    """The certificate as a Markdown support table (one column per backend) and failure list."""
+    lines = [f"# Prism conformance report ({cert['mode']} mode)", "",
+             f"prism {cert['prism_version']}, plugin interface {cert['interface_version']}, "
+             f"generated {cert['generated']} on Python {cert['python']} ({cert['platform']})"]
+    if cert.get("random"):
+        lines[-1] += f"; random cases: {cert['random']} per op, seed {cert.get('seed')}"
+    lines += ["", "| backend | version | plugin | passed | failed | unsupported | timeout |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    for b in cert["backends"]:
+        s = b["summary"]
+        lines.append(f"| {_md(b['name'])} | {_md(b.get('version', ''))} | {_md(b.get('plugin', ''))} | "
+                     f"{s['passed']} | {s['failed']} | {s['unsupported']} | {s['timeout']} |")
+    names = [b["name"] for b in cert["backends"]]
+    ops = list(cert["backends"][0]["ops"]) if cert["backends"] else []
+    lines += ["", "## Support by op", "", "| op | " + " | ".join(map(_md, names)) + " |",
+              "|---|" + "---|" * len(names)]
+    for op in ops:
+        cells = []
+        for b in cert["backends"]:
+            o = b["ops"][op]
+            if o["status"] in ("ok", "partial"):
+                txt = f"ok {o['passed']}/{o['cases']}" + (f", {o['unsupported']} unsup" if o["unsupported"] else "")
+            elif o["status"] == "fail":
+                txt = f"**FAIL** {o['failed'] + o['timeout']}/{o['cases']}"
+            else:
+                txt = o["status"]
+            cells.append(txt)
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    fails = [(b["name"], f) for b in cert["backends"] for f in b["failures"]]
+    lines += ["", "## Failures", ""]
+    if not fails:
+        lines.append("None.")
+    for name, f in fails:
+        metric = ""
+        if f["nmse"] is not None:
+            metric = f" nmse {f['nmse']:.3g} (bound {f['bound']:.3g})" if isinstance(f["nmse"], float) \
+                else f" nmse {f['nmse']} (bound {f['bound']})"
+        worst = ""
+        if f["worst"] is not None:
+            w = f["worst"]
+            worst = f"; worst element {w['index']}: expected {w['expected']}, got {w['got']}"
+        lines.append(f"- **{_md(name)}** `{_md(f['name'])}`: {f['status'].upper()}{metric}{worst}"
+                     + (f": {_md(f['message'])}" if f["message"] else ""))
+        if f["detail"]:
+            lines.append(f"  - tensors: `{_md(f['detail'])}`")
+    return "\n".join(lines) + "\n"

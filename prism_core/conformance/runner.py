@@ -5,12 +5,27 @@ fails; infinities must match in sign; the rest is judged by the normalised mean
 squared error ``sum((a - b)^2) / sum(a^2)`` (a = backend under test, b = reference)
 against the op's bound from the op table. Outputs live in a context with guard bytes
 around every buffer, so a kernel that writes outside its output is caught.
+
+Fault isolation: every case of the backend under test runs in a worker thread with a
+per-case timeout (:data:`DEFAULT_TIMEOUT`; ``timeout=None`` or 0 runs in the calling
+thread). A kernel that raises, replaces a tensor's memory or metadata, writes into its
+inputs or past its output, or does not return in time fails that case only; each case
+has its own context, so nothing it did reaches the next case or another backend. A
+hung kernel cannot be stopped from inside the process (Python threads cannot be
+killed, and a native kernel that holds the GIL blocks the suite itself): the suite
+reports TIMEOUT, abandons the worker thread (a daemon, it never blocks exit) and moves
+on; the remaining cases of that op on that backend are reported TIMEOUT without being
+run, so one hang costs one timeout, not one per case.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,29 +35,61 @@ from ..errors import Unsupported
 from ..graph import Graph
 from ..registry import REGISTRY
 from ..schedule import compute
+from ..tensor import Tensor
+from ..types import traits
 from .cases import Built, Case
 
-PASS, FAIL, UNSUPPORTED = "pass", "fail", "unsupported"
+PASS, FAIL, UNSUPPORTED, TIMEOUT = "pass", "fail", "unsupported", "timeout"
 GUARD_BYTES = 64
+DEFAULT_TIMEOUT = 120.0  # seconds per case of the backend under test (JIT compilation included)
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    case: Case
+    case: Any  # a Case (forward) or a GradCase (gradient mode)
     backend: str
     status: str
     message: str = ""
     err: float | None = None
     bound: float | None = None
-    worst: tuple | None = None  # (index, expected, got)
+    worst: tuple | None = None  # (index, expected, got); index in ggml order (i0, i1, i2, i3) when known
+    detail: str = ""  # the tensors of the case: type, ne, nb of each source and the result, params
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (FAIL, TIMEOUT)
 
     def describe(self) -> str:
         s = f"{self.case.name} on {self.backend}: {self.status.upper()}"
         if self.err is not None:
             s += f" nmse={self.err:.3g} (bound {self.bound:.3g})"
         if self.worst is not None:
-            s += f"; worst element {self.worst[0]}: expected {self.worst[1]!r}, got {self.worst[2]!r}"
-        return s + (f": {self.message}" if self.message else "")
+            s += f"; worst element {_index(self.worst[0])}: expected {self.worst[1]!r}, got {self.worst[2]!r}"
+        s += f": {self.message}" if self.message else ""
+        return s + (f" [{self.detail}]" if self.detail and self.status != PASS else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record of this result (used by the certification report)."""
+        d: dict[str, Any] = {"op": self.case.key, "case": self.case.desc, "name": self.case.name,
+                             "status": self.status, "message": self.message, "detail": self.detail,
+                             "nmse": _num(self.err), "bound": _num(self.bound), "worst": None}
+        if self.worst is not None:
+            idx = self.worst[0]
+            d["worst"] = {"index": list(idx) if isinstance(idx, tuple) else idx,
+                          "expected": _num(self.worst[1]), "got": _num(self.worst[2])}
+        return d
+
+
+def _num(x: Any) -> Any:
+    """A float for JSON: NaN and infinities as strings (JSON has no literal for them)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if np.isfinite(x) else str(x)
+
+
+def _index(i: Any) -> str:
+    return "[" + ",".join(str(int(v)) for v in i) + "]" if isinstance(i, tuple) else str(i)
 
 
 def nmse(got: np.ndarray, ref: np.ndarray) -> float:
@@ -77,6 +124,143 @@ def compare(got: np.ndarray, ref: np.ndarray, bound: float) -> tuple[bool, str, 
     return err <= bound, "", err, worst
 
 
+# ------------------------------------------------------------------ describing a case
+def _tensor_desc(t: Tensor) -> str:
+    s = f"{traits(t.type).name} ne={_list(t.ne)} nb={_list(t.nb)}"
+    if t.view_src is not None:
+        s += f" view+{t.view_offs}"
+    return s
+
+
+def _list(xs: Any) -> str:
+    return "[" + ",".join(str(int(x)) for x in xs) + "]"
+
+
+def describe_node(node: Tensor) -> str:
+    """The node's sources (type, ne, nb strides, view offset), params and result."""
+    parts = [f"src{i}: " + ("None" if s is None else _tensor_desc(s)) for i, s in enumerate(node.src)]
+    if node.params:
+        parts.append("params: " + ", ".join(f"{k}={_param(v)}" for k, v in node.params.items()))
+    parts.append("out: " + _tensor_desc(node))
+    return "; ".join(parts)
+
+
+def _param(v: Any) -> str:
+    return v.name if hasattr(v, "name") and not isinstance(v, (int, float)) else repr(v)
+
+
+def _ggml_index(flat: int, ne: tuple[int, ...]) -> tuple[int, ...]:
+    """A flat index into the NumPy-order values of a tensor of extents ``ne`` -> (i0, i1, i2, i3)."""
+    return tuple(int(x) for x in reversed(np.unravel_index(flat, tuple(reversed(ne)))))
+
+
+# ------------------------------------------------------------------ fault checks
+class _Snapshot:
+    """What a kernel must not change: every tensor's metadata and storage identity, and the
+    bytes of every buffer no computed node writes (the case's inputs)."""
+
+    def __init__(self, ctx: Context, graph: Graph, built: Built) -> None:
+        self.meta = {id(t): (t, _meta(t)) for t in ctx.tensors}
+        for t in ctx.tensors:
+            t.storage()  # allocate now, so that a replaced buffer is told from a lazy first allocation
+        self.storage = {id(t): (t, t._storage) for t in ctx.tensors if t.view_src is None}
+        written = {id(n.base) for n in graph.nodes if n.opdef is not None and not n.opdef.view_only}
+        written |= {id(t.base) for t in built.extra}
+        self.inputs = {id(t): (t, t._storage.copy()) for t in ctx.tensors
+                       if t.view_src is None and id(t) not in written}
+
+    def problems(self) -> str:
+        for t, m in self.meta.values():
+            now = _meta(t)
+            if now != m:
+                what = [f"{k} {a!r} -> {b!r}" for k, a, b in zip(_META_FIELDS, m, now) if a != b]
+                return f"changed the metadata of {t.label}: {', '.join(what)}"
+        for t, buf in self.storage.values():
+            if t._storage is not buf:
+                new = t._storage
+                got = (f"{type(new).__name__} {getattr(new, 'dtype', '')} shape {getattr(new, 'shape', '?')}"
+                       if new is not None else "None")
+                return (f"replaced the memory of {t.label} ({buf.nbytes} bytes) with a new {got}; "
+                        "kernels must write into node.host() in place")
+        for t, before in self.inputs.values():
+            if not np.array_equal(t._storage, before):
+                return f"wrote into its input {t.label}, which no node of the case outputs to"
+        return ""
+
+
+_META_FIELDS = ("type", "ne", "nb", "view_offs", "view_src", "op", "src")
+
+
+def _meta(t: Tensor) -> tuple:
+    return (t.type, tuple(t.ne), tuple(t.nb), t.view_offs, id(t.view_src), t.op, tuple(id(s) for s in t.src))
+
+
+# ------------------------------------------------------------------ worker threads with a timeout
+class _Timeout(Exception):
+    pass
+
+
+class _Worker:
+    """One daemon thread that runs jobs in turn. A job that overruns its timeout leaves the
+    thread stuck; the caller abandons it and starts a new worker."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="prism-conformance-worker", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:  # abandoned: exit once the stuck job (if it ever does) returns
+                return
+            fn, box, done = job
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - SystemExit from a kernel fails the case, not the host
+                box.append((False, e))
+            done.set()
+
+    def run(self, fn: Callable[[], Any], timeout: float) -> Any:
+        box: list = []
+        done = threading.Event()
+        self.jobs.put((fn, box, done))
+        if not done.wait(timeout):
+            raise _Timeout
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+
+_LOCAL = threading.local()  # each calling thread has its own worker
+_ABANDONED: list[_Worker] = []
+
+
+def run_isolated(fn: Callable[[], Any], timeout: float | None) -> Any:
+    """``fn()`` on the calling thread's conformance worker, raising :class:`TimeoutError`
+    after ``timeout`` seconds (the stuck worker is abandoned). No timeout: in this thread."""
+    if not timeout:
+        return fn()
+    worker = getattr(_LOCAL, "worker", None)
+    if worker is None:
+        worker = _LOCAL.worker = _Worker()
+    try:
+        return worker.run(fn, timeout)
+    except _Timeout:
+        _LOCAL.worker = None  # abandoned: it may never come back; the next case gets a new one
+        worker.jobs.put(None)  # ... and it exits if the stuck job ever returns
+        _ABANDONED.append(worker)
+        raise TimeoutError(f"did not finish within {timeout:g} s") from None
+
+
+def abandoned_threads() -> list[threading.Thread]:
+    """Worker threads left running by cases that timed out (daemons: they never block exit)."""
+    _ABANDONED[:] = [w for w in _ABANDONED if w.thread.is_alive()]
+    return [w.thread for w in _ABANDONED]
+
+
+# ------------------------------------------------------------------ running one case
 def _build(case: Case, guard: int) -> tuple[Context, Graph, Built]:
     ctx = Context(guard_bytes=guard)
     built = case.build(ctx, np.random.default_rng(case.seed))
@@ -88,7 +272,14 @@ def _outputs(built: Built) -> list[np.ndarray]:
     return [t.numpy() for t in (built.out, *built.extra)]
 
 
-def run_case(case: Case, backend: Backend, reference: Backend | None = None) -> CaseResult:
+def _crash(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"raised {type(e).__name__}: {e}{where}"
+
+
+def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
+             timeout: float | None = DEFAULT_TIMEOUT) -> CaseResult:
     reference = reference or REGISTRY.reference()
     name = backend.name
     _, ref_graph, ref_built = _build(case, 0)
@@ -96,34 +287,92 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None) -> 
     expected = _outputs(ref_built)
 
     ctx, graph, built = _build(case, GUARD_BYTES)
-    missing = [n for n in graph.nodes if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
+    detail = describe_node(built.out) if built.out.opdef is not None and not built.out.opdef.view_only else ""
+    try:
+        missing = [n for n in graph.nodes
+                   if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
+    except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
+        return CaseResult(case, name, FAIL, f"supports() {_crash(e)}", detail=detail)
     if missing:
         keys = ", ".join(sorted({n.opdef.key for n in missing}))
-        return CaseResult(case, name, UNSUPPORTED, f"does not support {keys}")
+        return CaseResult(case, name, UNSUPPORTED, f"does not support {keys}", detail=detail)
+    snap = _Snapshot(ctx, graph, built)
     try:
-        compute(graph, backend, strict=True)
+        run_isolated(lambda: compute(graph, backend, strict=True), timeout)
+    except TimeoutError as e:
+        return CaseResult(case, name, TIMEOUT, f"{e}; the kernel is still running in an abandoned thread "
+                          "(a hung kernel cannot be stopped in-process)", detail=detail)
     except Unsupported as e:
-        return CaseResult(case, name, FAIL, f"claimed support, then raised Unsupported: {e}")
-    except Exception as e:  # noqa: BLE001 - a kernel's crash is a failure of that case, not of the suite
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        return CaseResult(case, name, FAIL, f"raised {type(e).__name__}: {e} ({tb.filename}:{tb.lineno})")
+        return CaseResult(case, name, FAIL, f"claimed support, then raised Unsupported: {e}", detail=detail)
+    except BaseException as e:  # noqa: BLE001 - a kernel's crash is a failure of that case, not of the suite
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return CaseResult(case, name, FAIL, _crash(e), detail=detail)
+    problem = snap.problems()
+    if problem:
+        return CaseResult(case, name, FAIL, problem, detail=detail)
     smashed = ctx.check_guards()
     if smashed:
         return CaseResult(case, name, FAIL, "wrote outside its output: guard bytes changed after "
-                          + ", ".join(t.label for t in smashed))
+                          + ", ".join(t.label for t in smashed), detail=detail)
     bound = built.out.opdef.nmse if built.out.opdef else 0.0
     worst_err, worst_el = 0.0, None
-    for i, (got, ref) in enumerate(zip(_outputs(built), expected)):
+    for i, (t, got, ref) in enumerate(zip((built.out, *built.extra), _outputs(built), expected)):
         ok, msg, err, worst = compare(got, ref, bound)
+        if worst is not None:
+            worst = (_ggml_index(worst[0], t.ne), worst[1], worst[2])
         what = "output" if i == 0 else f"extra output {i}"
         if not ok:
-            return CaseResult(case, name, FAIL, f"{what}: {msg}" if msg else f"{what} exceeds the bound",
-                              err, bound, worst)
+            text = f"{what}: {msg}" if msg else f"{what} exceeds the bound"
+            if not msg and not np.any(got) and np.any(ref):
+                text += " (left all zeros: a kernel writes into node.host(); a returned value is ignored)"
+            return CaseResult(case, name, FAIL, text, err, bound, worst, detail)
         if err is not None and err >= worst_err:
             worst_err, worst_el = err, worst
-    return CaseResult(case, name, PASS, "", worst_err, bound, worst_el)
+    return CaseResult(case, name, PASS, "", worst_err, bound, worst_el, detail)
 
 
-def run(backend: Backend, cases: list[Case]) -> list[CaseResult]:
+def run_grad(backend: Backend, cases: list, *, timeout: float | None = DEFAULT_TIMEOUT,
+             progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Gradient mode (see :mod:`.gradcheck`) with the same isolation: each case in the
+    worker thread with a timeout."""
+    REGISTRY.reference()  # the reference must exist, as in forward mode
+    return _run_all(backend, cases, lambda c: _grad_case(c, backend, timeout), progress)
+
+
+def _grad_case(case: Any, backend: Backend, timeout: float | None) -> CaseResult:
+    from .gradcheck import run_grad_case
+    try:
+        return run_isolated(lambda: run_grad_case(case, backend), timeout)
+    except TimeoutError as e:
+        return CaseResult(case, backend.name, TIMEOUT, f"{e}; the kernel is still running in an abandoned thread "
+                          "(a hung kernel cannot be stopped in-process)")
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return CaseResult(case, backend.name, FAIL, _crash(e))
+
+
+def _run_all(backend: Backend, cases: list, one: Callable[[Any], CaseResult],
+             progress: Callable[[CaseResult], None] | None) -> list[CaseResult]:
+    hung: dict[str, str] = {}
+    results = []
+    for c in cases:
+        if c.key in hung:
+            r = CaseResult(c, backend.name, TIMEOUT, f"not run: {hung[c.key]} timed out on this backend")
+        else:
+            r = one(c)
+            if r.status == TIMEOUT:
+                hung[c.key] = f"an earlier case of {c.key} ({c.desc})"
+        results.append(r)
+        if progress is not None:
+            progress(r)
+    return results
+
+
+def run(backend: Backend, cases: list[Case], *, timeout: float | None = DEFAULT_TIMEOUT,
+        progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Every case on ``backend``; after a case times out, the remaining cases of that op are
+    reported TIMEOUT without running (the hung kernel is still busy)."""
     reference = REGISTRY.reference()
-    return [run_case(c, backend, reference) for c in cases]
+    return _run_all(backend, cases, lambda c: run_case(c, backend, reference, timeout=timeout), progress)

@@ -1,0 +1,269 @@
+"""Fault isolation of the conformance suite: faulty in-process plugins next to the real backends.
+
+One plugin module registers one backend per fault, each implementing ADD badly (and
+nothing else). A single ``prism conformance --backend all`` run (in-process, through
+``prism_core.cli.main``) must report every fault on its own backend and case, keep the
+real backends' results exactly as in a clean run, and leave the host process working.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+from prism_core.cli import main as cli
+from prism_core.conformance import cases_for
+from prism_core.conformance.runner import FAIL, PASS, TIMEOUT, abandoned_threads, run
+
+RELEASE = threading.Event()  # set at teardown: lets the hung kernel's thread finish
+
+
+def _add(node):
+    node.host()[...] = node.src[0].host() + np.tile(
+        node.src[1].host(), tuple(x // y for x, y in zip(node.host().shape, node.src[1].host().shape)))
+
+
+def _raises(node):
+    raise RuntimeError("kernel exploded")
+
+
+def _replaces_memory(node):
+    node.base._storage = np.zeros(node.nbytes, np.uint8)  # a new buffer instead of writing the old one
+
+
+def _changes_metadata(node):
+    _add(node)
+    node.ne = (node.ne[0] // 2, *node.ne[1:])
+
+
+def _wrong_shape(node):
+    node.host()[...] = np.zeros(node.host().shape[::-1], node.host().dtype)  # transposed: cannot broadcast
+
+
+def _wrong_layout(node):
+    a, b = node.src[0].host(), node.src[1].host()
+    res = a + np.tile(b, tuple(x // y for x, y in zip(a.shape, b.shape)))
+    node.host()[...] = res.reshape(-1)[::-1].reshape(res.shape)  # right shape, elements in the wrong place
+
+
+def _overruns(node):
+    _add(node)
+    buf = node.storage()
+    raw = np.ndarray((buf.size + 8,), np.uint8, buffer=buf.base, offset=node.ctx.guard_bytes)
+    raw[-4:] = 0  # just past the end of the output
+
+
+def _writes_input(node):
+    _add(node)
+    node.src[1].host()[...] = 0
+
+
+def _hangs(node):
+    RELEASE.wait(60)  # "forever", as far as a 2 s timeout is concerned
+
+
+def _claims_then_refuses(node):
+    raise pc.Unsupported("not this layout after all")
+
+
+def _exits(node):
+    raise SystemExit(3)  # must fail the case, not end the host
+
+
+def _returns(node):
+    return node.src[0].host() + node.src[1].host()  # a return value is ignored: the output stays zero
+
+
+FAULTS = {  # backend name -> (kernel, what the failure message says)
+    "f_raises": (_raises, "raised RuntimeError: kernel exploded"),
+    "f_replaces": (_replaces_memory, "replaced the memory of"),
+    "f_metadata": (_changes_metadata, "changed the metadata of"),
+    "f_shape": (_wrong_shape, "raised ValueError"),
+    "f_values": (_wrong_layout, "output exceeds the bound"),
+    "f_overrun": (_overruns, "wrote outside its output"),
+    "f_input": (_writes_input, "wrote into its input"),
+    "f_hangs": (_hangs, "did not finish within 2 s"),
+    "f_refuses": (_claims_then_refuses, "claimed support, then raised Unsupported: not this layout"),
+    "f_exits": (_exits, "raised SystemExit: 3"),
+    "f_returns": (_returns, "left all zeros"),
+}
+
+
+class _Faulty(pc.Backend):
+    version = "fault"
+
+    def __init__(self, name, kernel):
+        self.name = name
+        self.kernels = {"ADD": kernel}
+
+
+class _SupportsRaises(pc.Backend):
+    name = "f_supports"
+    version = "fault"
+    kernels = {"ADD": _add}
+
+    def supports(self, node):
+        raise KeyError("supports() exploded")
+
+
+def _plugin() -> types.ModuleType:
+    mod = types.ModuleType("prism_test_faults")
+    mod.prism_register_backends = pc.hookimpl(
+        lambda: [_Faulty(n, k) for n, (k, _) in FAULTS.items()] + [_SupportsRaises()])
+    return mod
+
+
+@pytest.fixture
+def faulty(monkeypatch):
+    monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+    RELEASE.clear()
+    pc.REGISTRY.register(_plugin(), "prism_test_faults")
+    yield
+    pc.REGISTRY.unregister("prism_test_faults")
+    RELEASE.set()
+
+
+def _real_backends() -> list[str]:
+    return [i.name for i in pc.backends() if i.available]
+
+
+def _report(tmp_path, argv) -> tuple[int, dict]:
+    path = tmp_path / "report.json"
+    rc = cli(["conformance", *argv, "--report", "json", str(path), "--report", "markdown", str(tmp_path / "r.md")])
+    return rc, json.loads(path.read_text())
+
+
+def test_every_fault_is_reported_per_case_and_the_real_backends_stand(faulty, tmp_path, capsys):
+    pc.REGISTRY.unregister("prism_test_faults")  # a clean run first, for comparison
+    real = _real_backends()
+    rc, clean = _report(tmp_path, ["--backend", "all", "--op", "ADD", "--op", "MUL"])
+    assert rc == 0
+    pc.REGISTRY.register(_plugin(), "prism_test_faults")
+    capsys.readouterr()
+
+    rc, rep = _report(tmp_path, ["--backend", "all", "--op", "ADD", "--op", "MUL", "--timeout", "2"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    by = {b["name"]: b for b in rep["backends"]}
+    assert set(by) == set(real) | set(FAULTS) | {"f_supports"}
+    for name in real:  # the real backends' results are exactly those of the clean run
+        (before,) = [b for b in clean["backends"] if b["name"] == name]
+        assert by[name]["ops"] == before["ops"] and by[name]["failures"] == []
+    n_add = len(cases_for("ADD"))
+    for name, (_, expect) in FAULTS.items():
+        b = by[name]
+        assert b["ops"]["MUL"]["status"] == "unsupported", name  # only ADD is claimed
+        assert b["ops"]["ADD"]["status"] == "fail", name
+        assert b["ops"]["ADD"]["passed"] == 0, name
+        first = b["failures"][0]
+        assert first["op"] == "ADD" and expect in first["message"], (name, first["message"])
+        assert "nb=" in first["detail"], name  # the case's strides are part of the report
+        assert f"{first['name']} on {name}: " in out
+    hung = by["f_hangs"]
+    assert hung["summary"]["timeout"] == n_add and hung["summary"]["failed"] == 0
+    assert all(f["message"].startswith("not run: an earlier case of ADD") for f in hung["failures"][1:])
+    values = by["f_values"]["failures"][0]  # a metric failure names the error, bound and worst element
+    assert values["nmse"] > values["bound"] and len(values["worst"]["index"]) == 4
+    assert values["worst"]["expected"] != values["worst"]["got"]
+    assert by["f_supports"]["failures"][0]["message"].startswith("supports() raised KeyError")
+    assert f"f_hangs: 0 passed, 0 failed, {len(cases_for('MUL'))} unsupported cases, {n_add} timed out" in out
+    assert f"FAIL {n_add}/{n_add} ({n_add} timeout)" in out
+    md = (tmp_path / "r.md").read_text()
+    assert "| ADD | ok " in md and f"**FAIL** {n_add}/{n_add}" in md and "| f_hangs | fault |" in md
+    assert f"**f_values** `{values['name']}`: FAIL nmse " in md and "worst element [" in md
+
+    # the host is intact: the real backends still pass everything, in this very process
+    RELEASE.set()
+    for name in real:
+        results = run(pc.backend(name), cases_for("ADD") + cases_for("SOFT_MAX"))
+        assert all(r.status == PASS for r in results), name
+    for t in abandoned_threads():
+        t.join(10)  # released: the hung kernel returns and its abandoned worker exits
+    assert not abandoned_threads()
+
+
+def test_hang_does_not_block_the_next_backend(faulty):
+    results = run(pc.backend("f_hangs"), cases_for("ADD")[:2], timeout=0.3)
+    assert [r.status for r in results] == [TIMEOUT, TIMEOUT]
+    assert "abandoned thread" in results[0].message and results[1].message.startswith("not run")
+    after = run(pc.backend("numpy"), cases_for("ADD")[:2], timeout=5)
+    assert [r.status for r in after] == [PASS, PASS]
+
+
+def test_run_case_describes_each_fault(faulty):
+    from prism_core.conformance.runner import run_case
+    case = cases_for("ADD")[0]
+    for name, (_, expect) in FAULTS.items():
+        if name == "f_hangs":
+            continue
+        r = run_case(case, pc.backend(name), timeout=5)
+        assert r.status == FAIL and expect in r.describe(), r.describe()
+        assert r.case.name in r.describe() and "src0: f32 ne=[10,5,4,3]" in r.describe()
+
+
+def test_timeout_zero_runs_in_the_calling_thread(faulty):
+    seen = []
+
+    class Here(pc.Backend):
+        name = "here"
+        kernels = {"ADD": lambda n: (seen.append(threading.current_thread()), _add(n))}
+
+    assert run(Here(), cases_for("ADD")[:1], timeout=0)[0].status == PASS
+    assert seen == [threading.current_thread()]
+    assert run(Here(), cases_for("ADD")[:1])[0].status == PASS  # default: a worker thread
+    assert seen[-1] is not threading.current_thread()
+
+
+# ---------------------------------------------------------------- interface versions
+def _future_plugin(calls: list) -> types.ModuleType:
+    class Future(pc.Backend):
+        name = "future"
+        version = "9.0"
+        priority = 99
+        interface_version = pc.INTERFACE_VERSION + 998
+
+        def availability(self):
+            calls.append("availability")
+            return True, ""
+
+        def supports(self, node):
+            calls.append("supports")
+            return True
+
+    mod = types.ModuleType("prism_test_future")
+    mod.prism_register_backends = pc.hookimpl(lambda: [Future()])
+    return mod
+
+
+def test_incompatible_interface_is_reported_not_half_loaded(monkeypatch, capsys):
+    monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+    calls: list = []
+    pc.REGISTRY.register(_future_plugin(calls), "prism_test_future")
+    try:
+        want = f"built for plugin interface {pc.INTERFACE_VERSION + 998}, this Prism has {pc.INTERFACE_VERSION}"
+        assert cli(["info"]) == 0
+        out = capsys.readouterr().out
+        (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("future")]
+        assert f"UNAVAILABLE: {want}" in line and f"interface={pc.INTERFACE_VERSION + 998}" in line
+        assert f"(plugin interface {pc.INTERFACE_VERSION})" in out.splitlines()[0]
+        (info,) = [i for i in pc.backends() if i.name == "future"]
+        assert info.interface_version == pc.INTERFACE_VERSION + 998 and not info.available
+
+        assert cli(["conformance", "--backend", "all", "--op", "ADD"]) == 0
+        out = capsys.readouterr().out
+        assert f"skipping future: unavailable ({want})" in out
+        assert "future" not in out.splitlines()[1]  # no column for it
+        assert cli(["conformance", "--backend", "future", "--op", "ADD"]) == 2
+        assert f"backend 'future' is unavailable: {want}" in capsys.readouterr().err
+        assert pc.backend().name != "future"
+        assert calls == []  # neither availability() nor supports() of a mismatched backend ever ran
+    finally:
+        pc.REGISTRY.unregister("prism_test_future")
+    assert "future" not in [i.name for i in pc.backends()]
+    assert sys.modules.get("prism_test_future") is None
