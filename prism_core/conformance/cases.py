@@ -91,12 +91,18 @@ def tname(*ts: GGMLType) -> str:
 CASES: dict[str, Callable[[OpDef], Iterator[Case]]] = {}
 
 
-def family(*keys: str):
-    def deco(f):
-        for k in keys:
-            CASES[k] = f
-        return f
-    return deco
+def registrar(table: dict) -> Callable:
+    """A decorator factory filing a case generator under op keys in ``table``."""
+    def register(*keys: str):
+        def deco(f):
+            for k in keys:
+                table[k] = f
+            return f
+        return deco
+    return register
+
+
+family = registrar(CASES)
 
 
 UNARY_RANGE = {"SQRT": (0.1, 4.0), "LOG": (0.1, 4.0), "EXP": (-3.0, 3.0), "EXPM1": (-3.0, 3.0),

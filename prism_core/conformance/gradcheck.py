@@ -30,6 +30,7 @@ from ..registry import REGISTRY
 from ..schedule import compute
 from ..tensor import Tensor
 from ..types import F32
+from .cases import registrar
 from .runner import FAIL, PASS, UNSUPPORTED, CaseResult, nmse
 
 DEFAULT_BOUND = 1e-4  # normalised squared error, i.e. about 1% in the L2 norm
@@ -70,14 +71,7 @@ def const(ctx: Context, rng: np.random.Generator, ne, lo: float = -1.0, hi: floa
 
 # ------------------------------------------------------------------ cases
 GRAD_CASES: dict[str, Callable[[OpDef], Iterator[GradCase]]] = {}
-
-
-def grad_family(*keys: str):
-    def deco(f):
-        for k in keys:
-            GRAD_CASES[k] = f
-        return f
-    return deco
+grad_family = registrar(GRAD_CASES)
 
 
 UNARY_GRAD = {  # key -> (lo, hi, kinks)
