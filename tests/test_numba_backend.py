@@ -57,8 +57,9 @@ def test_invalid_thread_settings_make_backend_unavailable_with_reason(var, value
 @pytest.mark.parametrize("env", [{"PRISM_NUM_THREADS": "1"},
                                  {"PRISM_NUM_THREADS": "2", "PRISM_NUMBA_SERIAL_WORK": "0"}],
                          ids=["threads=1", "threads=2,every node parallel"])
-def test_conformance_has_no_failures(env):
-    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numba"],
+@pytest.mark.parametrize("mode", ["forward", "grad"])
+def test_conformance_has_no_failures(env, mode):
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numba", "--mode", mode],
                        env=_env(**env), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = next(line for line in r.stdout.splitlines() if line.startswith("numba:"))
@@ -209,7 +210,8 @@ def test_missing_numba_leaves_the_backend_listed_as_unavailable(tmp_path):
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.splitlines()
     assert first == "False | numba cannot be imported: ImportError: numba is not installed here"
-    assert second == "numpy []"
+    default, broken = second.split(" ", 1)
+    assert default != "numba" and broken == "[]", second  # the next available backend (numpy, or csimd if built)
 
 
 def test_kernel_coverage_of_the_op_table():
@@ -221,3 +223,56 @@ def test_kernel_coverage_of_the_op_table():
     required |= {u.name for u in pc.UnaryOp}
     assert required <= set(be.kernels), sorted(required - set(be.kernels))
     assert set(be.kernels) <= set(pc.OPS), sorted(set(be.kernels) - set(pc.OPS))
+
+
+WARM_START_SNIPPET = """
+import time
+t0 = time.perf_counter()
+import numpy as np
+import prism_core as pc
+from prism_numba.warmup import _mlp_step
+g = _mlp_step(np.random.default_rng(3))
+plan = pc.plan(g, "numba")
+plan.compute()
+print("fallbacks", len(pc.compute(g, "numba").fallbacks))
+print("seconds", time.perf_counter() - t0)
+"""
+
+
+def test_warm_up_then_second_process_computes_an_mlp_step():
+    """warm_up() compiles (or loads) the common kernels strictly (no fallbacks); a second
+    process with the warm cache imports, plans and computes an MLP training step. The
+    time is printed, not asserted (the machine is shared)."""
+    code = "import prism_numba; r = prism_numba.warm_up(); print('kernels', int(r['kernels']))"
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert int(r.stdout.split()[-1]) > 10
+    r = subprocess.run([sys.executable, "-c", WARM_START_SNIPPET], env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = dict(line.split() for line in r.stdout.splitlines())
+    assert out["fallbacks"] == "0"
+    print(f"warm second-process start-up: {float(out['seconds']):.2f} s")
+
+
+def _conv_pool_attn_graph(ctx: pc.Context, rng: np.random.Generator) -> list[pc.Tensor]:
+    img = ctx.from_numpy(rng.standard_normal((2, 3, 9, 10)).astype(np.float32))  # [W=10, H=9, C=3, N=2]
+    ker = ctx.from_numpy(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))  # [KW, KH, IC=3, OC=4]
+    q = ctx.from_numpy(rng.standard_normal((1, 4, 5, 8)).astype(np.float32))  # [D=8, n_q=5, H=4, B=1]
+    kv = ctx.from_numpy(rng.standard_normal((1, 2, 7, 8)).astype(np.float16))  # GQA: 2 kv heads
+    pos = ctx.from_numpy(np.arange(4, dtype=np.int32))  # rope: ne2 = 4 tokens
+    return [pc.conv_2d(ker, img, p0=1, p1=1), pc.im2col(ker, img, 1, 1, 1, 1, 1, 1),
+            pc.pool_2d(img, "MAX", 2, 2, 2, 2), pc.upscale(img, 2, "BILINEAR"),
+            pc.flash_attn_ext(q, kv, kv, scale=0.3), pc.rope_ext(q, pos, n_dims=8, mode=2)]
+
+
+def test_new_heavy_ops_are_computed_by_numba_itself():
+    outs = _conv_pool_attn_graph(pc.Context(), np.random.default_rng(2))
+    refs = _conv_pool_attn_graph(pc.Context(), np.random.default_rng(2))
+    be = pc.backend("numba")
+    for out, ref in zip(outs, refs):
+        assert be.supports(out), out.label
+        report = pc.compute(out, "numba", strict=True)
+        assert report.fallbacks == []
+        pc.compute(ref, "numpy")
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)

@@ -10,6 +10,8 @@ numba's ``NUMBA_NUM_THREADS``), applied with ``numba.set_num_threads`` before ev
 kernel call (numba's setting is per calling thread). Nodes with little work (under
 ``SERIAL_WORK`` elementary steps, or ``$PRISM_NUMBA_SERIAL_WORK``; 0 parallelises every
 node) run on the calling thread alone: waking the pool costs more than they do.
+
+``warm_up()`` compiles (or loads from the on-disk cache) the kernels of common graphs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from importlib import metadata
 import prism_core
 from prism_core import I32, Tensor
 
+from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
 from .kernels import KERNELS, SUPPORT
+from .warmup import warm_up
+
+__all__ = ["NumbaBackend", "warm_up"]
 
 ENV_THREADS = "PRISM_NUM_THREADS"
 MIN_NUMBA = (0, 59)

@@ -34,6 +34,7 @@ F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 BF16_LUT = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
 NO_LUT = np.zeros(1, np.float32)  # passed for float32 arrays (never read)
 DUMMY = np.zeros((1, 1, 1, 1), np.float32)  # an absent optional source
+DUMMY16 = np.zeros((1, 1, 1, 1), np.uint16)  # an absent optional F16 source
 
 # store kinds for uint16 outputs (the ``kind`` argument; kernels.kind())
 OUT_F16, OUT_BF16 = 1, 2
@@ -722,60 +723,7 @@ def generate(t, o, mode, p0, p1):
                 o[0, 0, i, dim - 1] = 0.0
 
 
-# ------------------------------------------------------------------ matrices
-TILE_M = 64
-TILE_N = 32
-BLOCK_K = 256
-
-
-@njit(parallel=True, **_OPTS)
-def mul_mat(a, la, b, o):
-    """o[i3, i2, n, m] = sum_k a[i3 // r3, i2 // r2, m, k] * b[i3, i2, n, k]; float32 accumulation
-    (a may be F16/BF16 bits: converted while packed).
-
-    Tiles of TILE_M rows of a by TILE_N rows of b run in parallel; within a tile, k is
-    walked in blocks of BLOCK_K with the a block packed k-major so the inner update
-    over m is a contiguous, vectorisable axpy."""
-    n3, n2, nn, nm = o.shape
-    a3, a2 = a.shape[0], a.shape[1]
-    nk = a.shape[3]
-    r3 = n3 // a3
-    r2 = n2 // a2
-    tm = (nm + TILE_M - 1) // TILE_M
-    tn = (nn + TILE_N - 1) // TILE_N
-    for task in prange(n3 * n2 * tm * tn):
-        jn = task % tn
-        t = task // tn
-        jm = t % tm
-        t = t // tm
-        i2 = t % n2
-        i3 = t // n2
-        k3 = i3 // r3
-        k2 = i2 // r2
-        m0 = jm * TILE_M
-        m1 = min(m0 + TILE_M, nm)
-        w = m1 - m0
-        q0 = jn * TILE_N
-        q1 = min(q0 + TILE_N, nn)
-        acc = np.zeros((q1 - q0, w), np.float32)
-        pack = np.empty((BLOCK_K, w), np.float32)
-        for kb in range(0, nk, BLOCK_K):
-            ke = min(kb + BLOCK_K, nk)
-            for mm in range(w):
-                for k in range(kb, ke):
-                    pack[k - kb, mm] = ld(a, la, k3, k2, m0 + mm, k)
-            for q in range(q0, q1):
-                row = acc[q - q0]
-                for k in range(kb, ke):
-                    bv = b[i3, i2, q, k]
-                    pk = pack[k - kb]
-                    for mm in range(w):
-                        row[mm] += pk[mm] * bv
-        for q in range(q0, q1):
-            for mm in range(w):
-                o[i3, i2, q, m0 + mm] = acc[q - q0, mm]
-
-
+# ------------------------------------------------------------------ matrices (MUL_MAT: _jit_fast)
 @njit(parallel=True, **_OPTS)
 def out_prod(a, la, b, o):
     """o[i3, i2, j, i] = sum_t a[i3 // r3, i2 // r2, t, i] * b[i3, i2, t, j]; float64 accumulation."""
@@ -800,13 +748,13 @@ def out_prod(a, la, b, o):
 
 
 # ------------------------------------------------------------------ dispatch
-def _numba_type(x):
+def _numba_type(x, c_layout: bool = False):
     if isinstance(x, np.ndarray):
         if not (x.flags.writeable and x.flags.aligned):
             # one compiled version per dtype combination: a read-only or unaligned variant would
             # make later calls with ordinary arrays ambiguous
             raise Unsupported("the numba kernels take writable, aligned arrays only")
-        return types.Array(numba.from_dtype(x.dtype), x.ndim, "A")
+        return types.Array(numba.from_dtype(x.dtype), x.ndim, "C" if c_layout and x.flags.c_contiguous else "A")
     if isinstance(x, (bool, np.bool_)):
         raise TypeError("pass ints, not bools, to the kernels")
     if isinstance(x, int):
@@ -825,19 +773,21 @@ class Kernel:
     layout ``A``: contiguous arrays convert to it, so they never trigger a second
     compilation."""
 
-    def __init__(self, dispatcher) -> None:
+    def __init__(self, dispatcher, c_layout: bool = False) -> None:
         self.dispatcher = dispatcher  # compilation is disabled after the first explicit compile
+        self.c_layout = c_layout  # C-contiguous arrays typed as layout C (unit strides known: vectorisable)
         self.compiled: set[tuple] = set()
         self.entry: dict[tuple, object] = {}  # cheap argument key -> the compiled entry point
 
     def __call__(self, *args):
         # Dispatch on a cheap key (dtype, ndim, usable) instead of numba's own typing of
         # every argument: small nodes are dominated by this per-call cost.
-        key = tuple((x.dtype.char, x.ndim, x.flags.writeable and x.flags.aligned) if isinstance(x, np.ndarray)
-                    else type(x) for x in args)
+        c = self.c_layout
+        key = tuple((x.dtype.char, x.ndim, x.flags.writeable and x.flags.aligned, c and x.flags.c_contiguous)
+                    if isinstance(x, np.ndarray) else type(x) for x in args)
         entry = self.entry.get(key)
         if entry is None:
-            entry = self.entry[key] = self._entry_point(tuple(_numba_type(x) for x in args))
+            entry = self.entry[key] = self._entry_point(tuple(_numba_type(x, c) for x in args))
         with _RUN:
             return entry(*args)
 
@@ -861,7 +811,17 @@ class Kernel:
 
 KERNELS = {name: Kernel(f) for name, f in (
     ("unary", unary), ("binary", binary), ("adamw", adamw), ("cpy", cpy), ("get_rows", get_rows),
-    ("rows", rows), ("soft_max", soft_max), ("cross_entropy", cross_entropy), ("mul_mat", mul_mat),
+    ("rows", rows), ("soft_max", soft_max), ("cross_entropy", cross_entropy),
     ("out_prod", out_prod), ("repeat_back", repeat_back), ("get_rows_back", get_rows_back),
     ("reduce_all", reduce_all), ("argmax", argmax), ("group_norm", group_norm), ("glu", glu),
     ("concat", concat), ("index_map", index_map), ("argsort", argsort), ("generate", generate))}
+
+
+def _register_ext() -> None:
+    from ._jit_ext import KERNELS as ext
+    from ._jit_fast import KERNELS as fast
+    KERNELS.update({name: Kernel(f) for name, f in ext.items()})
+    KERNELS.update({name: Kernel(f, c_layout=True) for name, f in fast.items()})
+
+
+_register_ext()

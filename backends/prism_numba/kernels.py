@@ -66,6 +66,24 @@ def _run(name: str, *args) -> None:
     _jit().KERNELS[name](*args)
 
 
+STREAMING = 1 << 22  # elements: a flat op this large streams from memory, past the caches
+
+
+def _stream_threads() -> None:
+    """A streaming elementwise op is bound by memory bandwidth, which about half the cores
+    already saturate: more threads only contend (measured: 2 threads on 2 cores run a 16M
+    add 15% slower than 1). Use half the configured threads, at least 1."""
+    import numba
+    n = numba.get_num_threads()
+    if n > 1:
+        numba.set_num_threads(max(1, n // 2))
+
+
+def _flat(h: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous host view as one flat array (a view), else None."""
+    return h.reshape(-1) if h.flags.c_contiguous else None
+
+
 # ------------------------------------------------------------------ elementwise
 U = UnaryOp
 UNARY_CODES = {
@@ -99,6 +117,11 @@ def _unary_params(n: Tensor) -> tuple[float, float, float, float]:
 @kernel((FLOATS,), FLOATS, *UNARY_CODES)
 def _unary(n: Tensor) -> None:
     x = n.src[0]
+    if x.type == n.type == F32 and x.ne == n.ne:
+        fx, fo = _flat(x.host()), _flat(n.host())
+        if fx is not None and fo is not None:
+            _run("unary_flat", fx, fo, UNARY_CODES[n.opdef.key], *_unary_params(n))
+            return
     _run("unary", arr(x), lut(x), arr(n), kind(n), UNARY_CODES[n.opdef.key], *_unary_params(n))
 
 
@@ -108,6 +131,13 @@ BINARY_CODES = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3, "ADD1": 0}
 @kernel((FLOATS, FLOATS), FLOATS, *BINARY_CODES)
 def _binary(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
+    if a.type == b.type == n.type == F32 and a.ne == n.ne and (b.ne == n.ne or b.ne[1:] == (1, 1, 1)):
+        fa, fb, fo = _flat(a.host()), _flat(b.host()), _flat(n.host())
+        if fa is not None and fb is not None and fo is not None and b.ne[0] == n.ne[0]:
+            if fo.size >= STREAMING and fb.size == fo.size:
+                _stream_threads()
+            _run("binary_flat", fa, fb, fo, BINARY_CODES[n.opdef.key])  # contiguous: vectorised
+            return
     _run("binary", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n), BINARY_CODES[n.opdef.key], 0.0, 0.0)
 
 
@@ -182,9 +212,23 @@ ROW_CODES = {"SUM_ROWS": 0, "MEAN": 1, "NORM": 2, "RMS_NORM": 3, "RMS_NORM_BACK"
              "DIAG_MASK_INF": 6, "DIAG_MASK_ZERO": 7, "L2_NORM": 8}
 
 
+FAST_ROWS = {"RMS_NORM": 0, "NORM": 1}
+
+
+def _rows2d(t: Tensor) -> np.ndarray | None:
+    """A C-contiguous F32 host view as (rows, ne0), else None."""
+    h = t.host()
+    return h.reshape(-1, t.ne[0]) if t.type == F32 and h.flags.c_contiguous else None
+
+
 def _rows(n: Tensor) -> None:
     key = n.opdef.key
     x = n.src[0]
+    if key in FAST_ROWS:
+        x2, o2 = _rows2d(x), _rows2d(n)
+        if x2 is not None and o2 is not None:
+            _run("rows_fast", x2, o2, FAST_ROWS[key], float(n.params["eps"]))
+            return
     y = n.src[1] if len(n.src) > 1 else x
     if key in ("NORM", "RMS_NORM", "RMS_NORM_BACK", "L2_NORM"):
         p0 = float(n.params["eps"])
@@ -226,6 +270,11 @@ def _soft_max(n: Tensor) -> None:
     a = n.src[0]
     mask = n.src[1] if len(n.src) > 1 else None
     sinks = n.src[2] if len(n.src) > 2 else None
+    if mask is None and sinks is None:
+        x2, o2 = _rows2d(a), _rows2d(n)
+        if x2 is not None and o2 is not None:
+            _run("rows_fast", x2, o2, 2, float(n.params["scale"]))
+            return
     slopes = np.ascontiguousarray(alibi_slopes(a.ne[2], float(n.params["max_bias"])), np.float64)
     _run("soft_max", arr(a), arr(mask) if mask is not None else j.DUMMY, lut(mask) if mask is not None else j.NO_LUT,
          arr(sinks) if sinks is not None else j.DUMMY, arr(n), slopes, float(n.params["scale"]),

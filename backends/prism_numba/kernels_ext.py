@@ -1,0 +1,226 @@
+"""Node-level wrappers for RoPE, fused attention, expert routing, row scatter and the
+convolution / pooling / resize family (compiled kernels: :mod:`._jit_ext`).
+
+Per-node tables that cost O(row length) (RoPE's per-pair frequencies, UPSCALE's source
+indices) are computed here with NumPy exactly as the reference computes them; the
+per-element work runs in the compiled kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from prism_core import Tensor
+from prism_core.errors import InvalidArgument
+from prism_core.ops import RopeMode
+from prism_core.optable_conv import PoolOp, ScaleMode
+from prism_core.types import F16, F32, I32, I64
+
+from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, alibi_slopes, arr, kernel, kind, lut
+
+F32_F16 = frozenset({F32, F16})
+MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)
+
+
+# ------------------------------------------------------------------ rope
+def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
+    """YaRN's correction range [low, high] of pair indices (ggml_rope_yarn_corr_dims)."""
+    def corr_dim(n_rot: float) -> float:
+        if n_rot > 0 and n_ctx_orig > 0:
+            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+        return math.inf if n_rot == 0 else -math.inf
+    return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
+
+
+@kernel((F32_F16, INDICES, ONLY_F32), F32_F16, "ROPE", "ROPE_BACK")
+def _rope(n: Tensor) -> None:
+    a = n.src[0]
+    pos = n.src[1].host().reshape(-1)
+    ffs = n.src[2] if len(n.src) > 2 and n.src[2] is not None else None
+    p = n.params
+    mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
+    n_tok = n.ne[2]
+    if mode == RopeMode.VISION:
+        n_pairs = n_dims
+        first, second = np.arange(n_dims), np.arange(n_dims) + n_dims
+    elif mode == RopeMode.NORMAL:
+        n_pairs = n_dims // 2
+        first, second = offs + 2 * np.arange(n_pairs), offs + 2 * np.arange(n_pairs) + 1
+    else:
+        n_pairs = n_dims // 2
+        first, second = offs + np.arange(n_pairs), offs + np.arange(n_pairs) + n_pairs
+    k = np.arange(n_pairs)
+    inv_freq = p["freq_base"] ** (-2.0 * k / n_dims)
+    if mode in MROPE_MODES:
+        streams = pos.reshape(4, n_tok).astype(np.float64)
+        sections = p["sections"]
+        sect = k % sum(sections)
+        s0, s1, s2 = sections[0], sections[1], sections[2]
+        if mode == RopeMode.IMROPE:
+            which = np.where((sect % 3 == 1) & (sect < 3 * s1), 1,
+                             np.where((sect % 3 == 2) & (sect < 3 * s2), 2,
+                                      np.where((sect % 3 == 0) & (sect < 3 * s0), 0, 3)))
+        else:
+            which = np.select([sect < s0, sect < s0 + s1, sect < s0 + s1 + s2], [0, 1, 2], 3)
+        if mode == RopeMode.VISION:  # each section restarts its frequencies
+            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+            inv_freq = p["freq_base"] ** (-2.0 * (sect - starts[which]) / n_dims)
+    else:
+        streams = pos.astype(np.float64).reshape(1, n_tok)
+        which = np.zeros(n_pairs, np.int64)
+    ff = (np.ascontiguousarray(ffs.host().reshape(-1)[:n_pairs], np.float64) if ffs is not None
+          else np.ones(n_pairs))
+    mscale = float(p["attn_factor"])
+    mix = np.zeros(n_pairs)
+    if p["ext_factor"] != 0.0:
+        low, high = _corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
+        mix = ramp * p["ext_factor"]
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
+    sign = -1.0 if n.opdef.key == "ROPE_BACK" else 1.0
+    _run("rope", arr(a), lut(a), arr(n), kind(n), np.ascontiguousarray(streams, np.float64),
+         np.ascontiguousarray(which, np.int64), np.ascontiguousarray(inv_freq, np.float64), ff,
+         np.ascontiguousarray(mix, np.float64), np.ascontiguousarray(first, np.int64),
+         np.ascontiguousarray(second, np.int64), float(p["freq_scale"]), mscale, sign)
+
+
+# ------------------------------------------------------------------ attention
+@kernel((ONLY_F32, FLOATS, FLOATS, frozenset({F16}), ONLY_F32), ONLY_F32, "FLASH_ATTN_EXT")
+def _flash_attn_ext(n: Tensor) -> None:
+    j = _jit()
+    q, k, v = n.src[:3]
+    mask = n.src[3] if len(n.src) > 3 else None
+    sinks = n.src[4] if len(n.src) > 4 else None
+    p = n.params
+    slopes = np.ascontiguousarray(alibi_slopes(q.ne[2], float(p["max_bias"])), np.float64)
+    _run("flash_attn", arr(q), arr(k), lut(k), arr(v), lut(v),
+         arr(mask) if mask is not None else j.DUMMY16, lut(mask) if mask is not None else j.F16_LUT,
+         arr(sinks) if sinks is not None else j.DUMMY, arr(n), slopes, float(p["scale"]),
+         float(p["logit_softcap"]), int(mask is not None), int(sinks is not None))
+
+
+@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID")
+def _mul_mat_id(n: Tensor) -> None:
+    w, b, ids = n.src[0], n.src[1], n.src[2]
+    idh = ids.host()
+    if idh.size and (idh.min() < 0 or idh.max() >= w.ne[2]):
+        raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
+    _run("mul_mat_id", arr(w), lut(w), arr(b), lut(b), idh, arr(n))
+
+
+@kernel((F32_F16, frozenset({I32, I64}), FLOATS), FLOATS, "SET_ROWS")
+def _set_rows(n: Tensor) -> None:
+    b, c = n.src[0], n.src[1]
+    rows = c.host()
+    if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
+        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    _run("set_rows", arr(b), lut(b), rows, arr(n), kind(n))
+
+
+# ------------------------------------------------------------------ convolution family
+def _geometry(n: Tensor, a: Tensor) -> tuple[int, ...]:
+    p = n.params
+    if p["is_2D"]:
+        return a.ne[1], a.ne[0], p["s0"], p["s1"], p["p0"], p["p1"], p["d0"], p["d1"]
+    return 1, a.ne[0], p["s0"], 1, p["p0"], 0, p["d0"], 1
+
+
+def _as_2d(x: np.ndarray, is_2d: bool) -> np.ndarray:
+    """A 1D layout (1, N, C, L) seen as (N, C, 1, L)."""
+    return x if is_2d else x[0][:, :, None, :]
+
+
+@kernel((FLOATS, FLOATS), F32_F16, "IM2COL")
+def _im2col(n: Tensor) -> None:
+    b = n.src[1]
+    is_2d = bool(n.params["is_2D"])
+    geo = [int(v) for v in _geometry(n, n.src[0])]
+    _run("im2col", _as_2d(arr(b), is_2d), lut(b), _as_2d_out(arr(n), is_2d), kind(n), *geo)
+
+
+def _as_2d_out(o: np.ndarray, is_2d: bool) -> np.ndarray:
+    """A 1D IM2COL layout (1, N, OL, C*K) seen as (N, 1, OL, C*K)."""
+    return o if is_2d else o[0][:, None, :, :]
+
+
+@kernel((FLOATS, FLOATS), ONLY_F32, "IM2COL_BACK")
+def _im2col_back(n: Tensor) -> None:
+    g = n.src[0]
+    is_2d = bool(n.params["is_2D"])
+    geo = [int(v) for v in _geometry(n, n.src[1])]
+    _run("im2col_back", _as_2d_out(arr(g), is_2d), lut(g), _as_2d(arr(n), is_2d), *geo)
+
+
+@kernel((FLOATS, F32_F16), F32_F16, "CONV_2D")
+def _conv_2d(n: Tensor) -> None:
+    a, b, p = n.src[0], n.src[1], n.params
+    _run("conv_2d", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n),
+         *(int(p[k]) for k in ("s0", "s1", "p0", "p1", "d0", "d1")))
+
+
+@kernel((FLOATS, FLOATS), ONLY_F32, "CONV_TRANSPOSE_1D")
+def _conv_transpose_1d(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    _run("conv_transpose_1d", arr(a), lut(a), arr(b), lut(b), arr(n), int(n.params["s0"]))
+
+
+@kernel((F32_F16,), ONLY_F32, "POOL_1D")
+def _pool_1d(n: Tensor) -> None:
+    a, p = n.src[0], n.params
+    _run("pool", arr(a), lut(a), arr(n), int(p["op"] == PoolOp.MAX), 1, int(p["k0"]), 1, int(p["s0"]), 1,
+         int(p["p0"]), 0)
+
+
+@kernel((F32_F16,), ONLY_F32, "POOL_2D")
+def _pool_2d(n: Tensor) -> None:
+    a, p = n.src[0], n.params
+    _run("pool", arr(a), lut(a), arr(n), int(p["op"] == PoolOp.MAX), 0,
+         *(int(p[k]) for k in ("k0", "k1", "s0", "s1", "p0", "p1")))
+
+
+@kernel((F32_F16, F32_F16), ONLY_F32, "POOL_2D_BACK")
+def _pool_2d_back(n: Tensor) -> None:
+    g, x, p = n.src[0], n.src[1], n.params
+    _run("pool_2d_back", arr(g), lut(g), arr(x), lut(x), arr(n), int(p["op"] == PoolOp.MAX),
+         *(int(p[k]) for k in ("k0", "k1", "s0", "s1", "p0", "p1")))
+
+
+@kernel((ONLY_F32,), ONLY_F32, "UPSCALE")
+def _upscale(n: Tensor) -> None:
+    a = n.src[0]
+    f32 = np.float32
+    sf = [f32(n.ne[i]) / f32(a.ne[i]) for i in range(4)]
+
+    def nearest(i: int) -> np.ndarray:  # int64(i / sf) in float32, as ggml
+        idx = np.floor(np.arange(n.ne[i], dtype=f32) / sf[i]).astype(np.int64)
+        return np.minimum(idx, a.ne[i] - 1)
+
+    i3, i2 = nearest(3), nearest(2)
+    if n.params["mode"] == ScaleMode.NEAREST:
+        y0, x0 = nearest(1), nearest(0)
+        y1, x1, dy, dx = y0, x0, np.zeros(len(y0)), np.zeros(len(x0))
+        bilinear = 0
+    else:
+        off = f32(0.5)
+        if n.params["align_corners"]:
+            off = f32(0.0)
+            for i in (0, 1):
+                if n.ne[i] > 1 and a.ne[i] > 1:
+                    sf[i] = f32(n.ne[i] - 1) / f32(a.ne[i] - 1)
+
+        def lerp_axis(i: int):
+            pos = (np.arange(n.ne[i], dtype=f32) + off) / sf[i] - off
+            lo = np.floor(pos).astype(np.int64)
+            hi = lo + 1
+            lo, hi = np.clip(lo, 0, a.ne[i] - 1), np.clip(hi, 0, a.ne[i] - 1)
+            frac = np.clip(pos - lo.astype(f32), f32(0), f32(1)).astype(np.float64)
+            return lo, hi, frac
+
+        y0, y1, dy = lerp_axis(1)
+        x0, x1, dx = lerp_axis(0)
+        bilinear = 1
+    c = np.ascontiguousarray
+    _run("upscale", arr(a), arr(n), c(i3, np.int64), c(i2, np.int64), c(y0, np.int64), c(y1, np.int64),
+         c(dy, np.float64), c(x0, np.int64), c(x1, np.int64), c(dx, np.float64), bilinear)
