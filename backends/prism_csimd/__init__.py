@@ -1,0 +1,249 @@
+"""The csimd backend: C kernels (csrc/) bound with cffi in API mode, SIMD by run-time dispatch.
+
+Registered through the ``prism.backends`` entry point like any third-party backend. The
+extension ``prism_csimd._csimd`` is built by ``pip install`` of the project when a C
+compiler is present; without it the backend is still listed, as unavailable with the reason.
+
+Environment:
+
+* ``PRISM_CSIMD_ISA=scalar|avx2|avx512``: force an instruction-set path no higher than the
+  CPU's (default: the best the CPU runs). ``prism info`` shows the active one in the version
+  string (``0.1.0+avx512``).
+* ``PRISM_NUM_THREADS=n``: OpenMP threads per kernel (default: all cores); nodes with little
+  work run on one thread (``PRISM_CSIMD_SERIAL_WORK``, default 32768 elementary steps).
+* ``OMP_WAIT_POLICY``: set to ``PASSIVE`` when unset, before the extension (and with it the
+  OpenMP runtime) is loaded, so idle workers sleep instead of spinning.
+* ``PRISM_CSIMD_LIBRARY=/path/to/_csimd.*.so``: load that build of the extension instead of
+  the installed one (the sanitized build: see csrc/README.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import prism_core
+from prism_core import I32, Tensor
+
+from . import kernels as _k
+from .kernels import KERNELS, SUPPORT
+
+ENV_ISA = "PRISM_CSIMD_ISA"
+ENV_THREADS = "PRISM_NUM_THREADS"
+ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
+ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
+SERIAL_WORK = 1 << 15
+ISA_NAMES = ("scalar", "avx2", "avx512")
+
+_loaded: dict[str, object] = {}
+
+# every C entry point the kernels call: an extension built from older sources is refused whole
+REQUIRED_FUNCTIONS = (
+    "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads", "csimd_binary",
+    "csimd_unary", "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
+    "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
+    "csimd_diag_mask", "csimd_get_rows_back", "csimd_out_prod", "csimd_glu", "csimd_index_map", "csimd_arange",
+    "csimd_argmax", "csimd_xielu", "csimd_timestep_embedding", "csimd_group_norm",
+)
+
+
+def _load_module():
+    """The extension module (cached); raises ImportError/OSError when it is missing or broken."""
+    if "module" in _loaded:
+        return _loaded["module"]
+    if "error" in _loaded:
+        raise _loaded["error"]  # type: ignore[misc]
+    # OpenMP workers sleep instead of spinning between parallel regions: on a shared or busy
+    # machine spinning workers starve the ones doing the work (10x slowdowns were measured).
+    # Read by the OpenMP runtime when it is loaded; an explicit setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        path = os.environ.get(ENV_LIBRARY, "").strip()
+        if path:
+            spec = importlib.util.spec_from_file_location("prism_csimd._csimd", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"{ENV_LIBRARY}={path!r} is not a loadable extension module")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            sys.modules["prism_csimd._csimd"] = mod
+        else:
+            from . import _csimd as mod  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - any failure means "not here"
+        _loaded["error"] = e
+        raise
+    _loaded["module"] = mod
+    return mod
+
+
+def requested_threads() -> int | None:
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_THREADS}={raw!r} is not an integer") from None
+    if n < 1:
+        raise ValueError(f"{ENV_THREADS}={raw!r} must be at least 1")
+    return n
+
+
+def serial_work() -> int:
+    raw = os.environ.get(ENV_SERIAL_WORK, "").strip()
+    if not raw:
+        return SERIAL_WORK
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} is not an integer") from None
+    if n < 0:
+        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} must not be negative")
+    return n
+
+
+def _setup() -> tuple[bool, str]:
+    """Load the extension, choose the ISA path and the thread count; (ok, reason)."""
+    try:
+        mod = _load_module()
+    except Exception as e:  # noqa: BLE001
+        return False, (f"the C extension prism_csimd._csimd is not available ({type(e).__name__}: {e}); "
+                       "it is built by `pip install` of prism-tensor when a C compiler is present")
+    lib, ffi = mod.lib, mod.ffi
+    missing = [f for f in REQUIRED_FUNCTIONS if not hasattr(lib, f)]
+    if missing:
+        return False, (f"the C extension at {getattr(mod, '__file__', '?')} is stale (lacks {', '.join(missing)}); "
+                       "reinstall prism-tensor to rebuild it")
+    cpu = lib.csimd_cpu_isa()
+    raw = os.environ.get(ENV_ISA, "").strip().lower()
+    if raw:
+        if raw not in ISA_NAMES:
+            return False, f"{ENV_ISA}={raw!r} is not one of {', '.join(ISA_NAMES)}"
+        want = ISA_NAMES.index(raw)
+        if want > cpu:
+            return False, (f"{ENV_ISA}={raw} asks for more than this CPU runs "
+                           f"(best path here: {ISA_NAMES[cpu]})")
+    else:
+        want = cpu
+    if lib.csimd_set_isa(want) != 0:
+        return False, f"the CPU cannot run the {ISA_NAMES[want]} path"
+    try:
+        n = requested_threads()
+        sw = serial_work()
+    except ValueError as e:
+        return False, str(e)
+    cores = max(1, int(lib.csimd_max_threads()))
+    threads = 1 if not lib.csimd_has_openmp() else (cores if n is None else n)
+    _k._state.update(ffi=ffi, lib=lib, threads=threads, serial_work=sw, isa=ISA_NAMES[want])
+    return True, ""
+
+
+def _aligned(t: Tensor) -> bool:
+    size = t.traits.type_size
+    return t.view_offs % size == 0 and all(nb % size == 0 for nb in t.nb)
+
+
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    return a.view_offs == b.view_offs and a.ne == b.ne and a.nb == b.nb and a.type == b.type
+
+
+def _inside(t: Tensor) -> bool:
+    """The view fits its base's allocation (base.nbytes, what a Context allocates), checked
+    without allocating; the kernels check again against the real buffer before each call."""
+    try:
+        _k.check_view(t, t.base.nbytes)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class CsimdBackend(prism_core.Backend):
+    name = "csimd"
+    priority = 40
+    kernels = KERNELS
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        ok, _ = self.availability()
+        return f"{prism_core.__version__}+{_k._state['isa'] if ok else 'unavailable'}"
+
+    def availability(self) -> tuple[bool, str]:
+        return _setup()
+
+    @property
+    def threads(self) -> int:
+        ok, _ = self.availability()
+        return int(_k._state.get("threads", 1)) if ok else 1
+
+    def supports(self, node: Tensor) -> bool:
+        try:
+            return self._supports(node)
+        except Exception:  # noqa: BLE001 - supports() must not raise
+            return False
+
+    def _supports(self, node: Tensor) -> bool:
+        d = node.opdef
+        if d is None or d.key not in SUPPORT or "lib" not in _k._state:
+            return False
+        src_types, out_types = SUPPORT[d.key]
+        if node.type not in out_types:
+            return False
+        tensors = [node]
+        for i, s in enumerate(node.src):
+            if s is None:
+                continue
+            if i >= len(src_types) or s.type not in src_types[i]:
+                return False
+            tensors.append(s)
+        key = d.key
+        if key in ("CPY", "DUP", "CONT") and (node.type == I32) != (node.src[0].type == I32):
+            return False  # integer <-> float conversions go to the reference
+        if key == "SOFT_MAX":
+            sinks = node.src[2] if len(node.src) > 2 else None
+            if sinks is not None and sinks.ne[0] < node.src[0].ne[2]:
+                return False
+            mask = node.src[1] if len(node.src) > 1 else None
+            if mask is not None and mask.ne[0] != node.src[0].ne[0]:
+                return False
+        if key == "GET_ROWS" and node.src[1].ne[3] != 1:
+            return False
+        if key == "ADD1" and node.src[1].nelements != 1:
+            return False
+        if key in ("REPEAT", "CONCAT", "SET") and node.type != node.src[0].type:
+            return False
+        if key in ("PAD", "PAD_REFLECT_1D", "DIAG") and any(n <= 0 for n in node.src[0].ne):
+            return False
+        if key == "ARANGE" and (node.ne[1:] != (1, 1, 1)):
+            return False
+        if key == "TIMESTEP_EMBEDDING" and (node.src[0].ne[1:] != (1, 1, 1) or node.ne[2:] != (1, 1)
+                                            or float(node.params["max_period"]) <= 0):
+            return False
+        if key == "ARGMAX" and node.src[0].ne[2:] != (1, 1):
+            return False
+        if key in ("ACC", "SET"):
+            b = node.src[1]
+            try:
+                _k._check_region(node, node.view_offs + int(node.params["offset"]), b.ne,
+                                 (node.traits.type_size, int(node.params["nb1"]), int(node.params["nb2"]),
+                                  int(node.params["nb3"])), node.base.nbytes)
+            except Exception:  # noqa: BLE001 - a region outside the result's buffer: the reference decides
+                return False
+        if key == "GET_ROWS_BACK" and (node.ne[2:] != (1, 1) or node.src[0].ne[2:] != (1, 1)
+                                       or node.src[1].nelements != node.src[0].ne[1]):
+            return False
+        if not all(t.nelements > 0 and _aligned(t) and _inside(t) for t in tensors):
+            return False
+        if key in ("MUL_MAT", "OUT_PROD") and node.nb[0] != node.traits.type_size:
+            return False
+        # The kernels read and write row by row: a source may share the result's memory only
+        # as the exact same view (in-place ops); any other overlap goes to the reference.
+        # REPEAT_BACK, GET_ROWS_BACK and OUT_PROD write their result before reading all of a source:
+        # no overlap at all for them.
+        strict = key in ("REPEAT_BACK", "GET_ROWS_BACK", "OUT_PROD", "MUL_MAT", "PAD", "PAD_REFLECT_1D", "DIAG",
+                         "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING")
+        return all(s.base is not node.base or (not strict and _same_view(s, node)) for s in tensors[1:])
+
+
+@prism_core.hookimpl
+def prism_register_backends() -> list[prism_core.Backend]:
+    return [CsimdBackend()]

@@ -1,0 +1,431 @@
+"""Node-level wrappers around the C kernels of ``prism_csimd._csimd``, and what each supports.
+
+Every call goes through :func:`desc`, which checks on the Python side, before any pointer
+reaches C, that the tensor's view (offset, extents, byte strides) lies inside its buffer and
+is aligned to its element size. The module itself is loaded lazily by :func:`lib`, so a
+missing or broken extension never breaks discovery.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from prism_core import Tensor
+from prism_core.errors import InvalidArgument, Unsupported
+from prism_core.types import BF16, F16, F32, I32, PLAIN_TYPES, GGMLType
+
+KERNELS: dict[str, Callable[[Tensor], None]] = {}
+
+FLOATS = frozenset({F32, F16, BF16})
+ONLY_F32 = frozenset({F32})
+INDICES = frozenset({I32})
+TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3}
+
+# op-table key -> (accepted types of each source, accepted result types).
+# A source beyond the tuple must be absent (None).
+SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] = {}
+
+# set by the backend: (ffi, lib) of the loaded extension and the thread count to use
+_state: dict[str, object] = {}
+
+
+def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str):
+    def deco(f):
+        for k in keys:
+            KERNELS[k] = f
+            SUPPORT[k] = (srcs, out)
+        return f
+    return deco
+
+
+# ------------------------------------------------------------------ validated descriptors
+def view_extent(t: Tensor) -> tuple[int, int]:
+    """(first byte, one past the last byte) that t's view addresses in its buffer."""
+    return _extent(t.view_offs, t.ne, t.nb, t.traits.type_size)
+
+
+def _extent(offs: int, ne, nb, size: int) -> tuple[int, int]:
+    if any(n <= 0 for n in ne):
+        return offs, offs
+    return offs, offs + sum((n - 1) * s for n, s in zip(ne, nb)) + size
+
+
+def _check_region(t: Tensor, offs: int, ne, nb, limit: int | None = None) -> None:
+    """Raise InvalidArgument unless the region lies inside ``limit`` bytes (default: t's buffer)."""
+    size = t.traits.type_size
+    if t.type not in TYPE_CODES:
+        raise InvalidArgument(f"csimd: type {t.type!r} of {t.label} has no C kernel")
+    if len(ne) != 4 or len(nb) != 4:
+        raise InvalidArgument(f"csimd: {t.label}: need 4 extents and 4 strides")
+    if any(n < 0 for n in ne) or any(s < 0 for s in nb) or offs < 0:
+        raise InvalidArgument(f"csimd: {t.label}: negative extent, stride or offset")
+    if offs % size or any(s % size for s in nb):
+        raise InvalidArgument(f"csimd: {t.label}: offset/strides not aligned to {size} bytes")
+    lo, hi = _extent(offs, ne, nb, size)
+    limit = t.storage().nbytes if limit is None else limit
+    if hi > limit:
+        raise InvalidArgument(f"csimd: {t.label}: view [{lo}, {hi}) exceeds its buffer of {limit} bytes")
+
+
+def check_view(t: Tensor, limit: int | None = None) -> None:
+    """Raise InvalidArgument unless t's view lies inside its buffer (or ``limit`` bytes), aligned
+    to its element size."""
+    _check_region(t, t.view_offs, t.ne, t.nb, limit)
+
+
+def desc(t: Tensor, keep: list, region: tuple[int, tuple, tuple] | None = None):
+    """A validated csimd_tensor* for t (or for ``region`` = (byte offset from t's start,
+    ne, nb) of t's buffer); the buffers it points into are kept alive in ``keep``."""
+    offs, ne, nb = (t.view_offs, t.ne, t.nb) if region is None else (t.view_offs + region[0], *region[1:])
+    _check_region(t, offs, tuple(ne), tuple(nb))
+    ffi = _state["ffi"]
+    buf = t.storage()
+    if not buf.flags.writeable:
+        raise InvalidArgument(f"csimd: {t.label}: read-only buffer")
+    base = ffi.from_buffer("char[]", buf, require_writable=True)
+    d = ffi.new("csimd_tensor *")
+    d.data = base + offs
+    d.ne = list(ne)
+    d.nb = list(nb)
+    d.type = TYPE_CODES[t.type]
+    keep.append(buf)
+    keep.append(base)
+    return d
+
+
+def _lib():
+    return _state["lib"]
+
+
+def _nth(work: int) -> int:
+    n = int(_state.get("threads", 1))
+    return 1 if work < int(_state.get("serial_work", 1 << 15)) else n
+
+
+def _check(rc: int, what: str) -> None:
+    if rc == -2:
+        raise MemoryError(f"csimd {what}: out of memory")
+    if rc != 0:
+        raise InvalidArgument(f"csimd {what}: the C kernel refused its arguments (code {rc})")
+
+
+# ------------------------------------------------------------------ elementwise
+BINARY_CODES = {"ADD": 0, "SUB": 1, "MUL": 2, "DIV": 3, "ADD1": 0, "SILU_BACK": 4}
+
+
+@kernel((FLOATS, FLOATS), FLOATS, *BINARY_CODES)
+def _binary(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    _check(_lib().csimd_binary(BINARY_CODES[n.opdef.key], desc(a, keep), desc(b, keep), desc(n, keep),
+                               _nth(n.nelements)), n.opdef.key)
+
+
+UNARY_CODES = {
+    "ABS": 0, "SGN": 1, "NEG": 2, "STEP": 3, "TANH": 4, "ELU": 5, "RELU": 6, "SIGMOID": 7, "GELU": 8,
+    "GELU_QUICK": 9, "SILU": 10, "HARDSWISH": 11, "HARDSIGMOID": 12, "EXP": 13, "EXPM1": 14, "SOFTPLUS": 15,
+    "GELU_ERF": 16, "FLOOR": 17, "CEIL": 18, "ROUND": 19, "TRUNC": 20, "SQR": 21, "SQRT": 22, "LOG": 23,
+    "SIN": 24, "COS": 25, "SCALE": 26, "CLAMP": 27, "LEAKY_RELU": 28,
+}
+
+
+def _unary_params(n: Tensor) -> tuple[float, float]:
+    p, key = n.params, n.opdef.key
+    if key == "SCALE":
+        return float(p["s"]), float(p["b"])
+    if key == "CLAMP":
+        return float(p["min"]), float(p["max"])
+    if key == "LEAKY_RELU":
+        return float(p["negative_slope"]), 0.0
+    return 0.0, 0.0
+
+
+@kernel((FLOATS,), FLOATS, *UNARY_CODES)
+def _unary(n: Tensor) -> None:
+    keep: list = []
+    p0, p1 = _unary_params(n)
+    work = n.nelements * (1 if n.opdef.key in ("NEG", "ABS", "SQR", "RELU", "SCALE") else 8)
+    _check(_lib().csimd_unary(UNARY_CODES[n.opdef.key], p0, p1, desc(n.src[0], keep), desc(n, keep), _nth(work)),
+           n.opdef.key)
+
+
+# ------------------------------------------------------------------ copies
+@kernel((FLOATS | INDICES,), FLOATS | INDICES, "DUP", "CONT")
+@kernel((FLOATS | INDICES, FLOATS | INDICES), FLOATS | INDICES, "CPY")
+def _cpy(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_cpy(desc(n.src[0], keep), desc(n, keep), _nth(n.nelements)), n.opdef.key)
+
+
+# ------------------------------------------------------------------ rows
+@kernel((ONLY_F32, frozenset({F32, F16}), ONLY_F32), ONLY_F32, "SOFT_MAX")
+def _soft_max(n: Tensor) -> None:
+    from prism_numpy.kernels import alibi_slopes
+
+    keep: list = []
+    ffi = _state["ffi"]
+    a = n.src[0]
+    mask = n.src[1] if len(n.src) > 1 else None
+    slopes = np.ascontiguousarray(alibi_slopes(a.ne[2], float(n.params["max_bias"])), np.float32)
+    sl = ffi.from_buffer("float[]", slopes)
+    keep.append(slopes)
+    sinks = n.src[2] if len(n.src) > 2 else None
+    md = desc(mask, keep) if mask is not None else ffi.NULL
+    sd = desc(sinks, keep) if sinks is not None else ffi.NULL
+    _check(_lib().csimd_soft_max(desc(a, keep), md, sd, desc(n, keep), sl, float(n.params["scale"]),
+                                 _nth(4 * n.nelements)), "SOFT_MAX")
+
+
+NORM_CODES = {"NORM": 0, "RMS_NORM": 1, "L2_NORM": 2}
+
+
+@kernel((ONLY_F32,), ONLY_F32, *NORM_CODES)
+def _norm(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_norm(NORM_CODES[n.opdef.key], float(n.params["eps"]), desc(n.src[0], keep), desc(n, keep),
+                             _nth(2 * n.nelements)), n.opdef.key)
+
+
+@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS")
+def _cross_entropy_loss(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), 1.0, 0, _nth(8 * a.nelements)),
+           "CROSS_ENTROPY_LOSS")
+
+
+@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
+def _cross_entropy_loss_back(n: Tensor) -> None:
+    keep: list = []
+    g, a, b = n.src
+    gv = float(np.asarray(g.host(), np.float32).reshape(-1)[0])
+    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), gv, 1, _nth(8 * a.nelements)),
+           "CROSS_ENTROPY_LOSS_BACK")
+
+
+# ------------------------------------------------------------------ optimizer steps
+def _opt_params(p: Tensor, count: int) -> np.ndarray:
+    vals = np.ascontiguousarray(np.asarray(p.host(), np.float32).reshape(-1)[:count])
+    if vals.size != count:
+        raise InvalidArgument(f"csimd: optimizer params need {count} values, got {vals.size}")
+    return vals
+
+
+@kernel((ONLY_F32,) * 5, ONLY_F32, "OPT_STEP_ADAMW")
+def _adamw(n: Tensor) -> None:
+    keep: list = []
+    a, g, m, v, p = n.src
+    vals = _opt_params(p, 7)
+    pv = _state["ffi"].from_buffer("float[]", vals)
+    keep.append(vals)
+    _check(_lib().csimd_opt_step(1, pv, desc(a, keep), desc(g, keep), desc(m, keep), desc(v, keep), desc(n, keep),
+                                 _nth(4 * n.nelements)), "OPT_STEP_ADAMW")
+
+
+@kernel((ONLY_F32,) * 3, ONLY_F32, "OPT_STEP_SGD")
+def _sgd(n: Tensor) -> None:
+    keep: list = []
+    a, g, p = n.src
+    vals = _opt_params(p, 2)
+    pv = _state["ffi"].from_buffer("float[]", vals)
+    keep.append(vals)
+    d = desc(n, keep)
+    _check(_lib().csimd_opt_step(0, pv, desc(a, keep), desc(g, keep), d, d, d, _nth(2 * n.nelements)), "OPT_STEP_SGD")
+
+
+# ------------------------------------------------------------------ matrices and indexing
+@kernel((FLOATS, ONLY_F32), ONLY_F32, "MUL_MAT")
+def _mul_mat(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    rc = _lib().csimd_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(_state.get("threads", 1)))
+    _check(rc, "MUL_MAT")
+
+
+@kernel((FLOATS, INDICES), ONLY_F32, "GET_ROWS")
+def _get_rows(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    idx = b.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
+        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): min {idx.min()}, max {idx.max()}")
+    _check(_lib().csimd_get_rows(desc(a, keep), desc(b, keep), desc(n, keep), _nth(n.nelements)), "GET_ROWS")
+
+
+# ------------------------------------------------------------------ repeat, reductions, backward ops
+@kernel((FLOATS | INDICES, PLAIN_TYPES), FLOATS | INDICES, "REPEAT")
+def _repeat(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_repeat(desc(n.src[0], keep), desc(n, keep), _nth(n.nelements)), "REPEAT")
+
+
+@kernel((FLOATS, PLAIN_TYPES), FLOATS, "REPEAT_BACK")
+def _repeat_back(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_repeat_back(desc(n.src[0], keep), desc(n, keep)), "REPEAT_BACK")
+
+
+REDUCE_CODES = {"SUM": 0, "SUM_ROWS": 1, "MEAN": 2}
+
+
+@kernel((FLOATS,), FLOATS, "SUM", "SUM_ROWS")
+@kernel((FLOATS,), ONLY_F32, "MEAN")
+def _reduce(n: Tensor) -> None:
+    keep: list = []
+    a = n.src[0]
+    _check(_lib().csimd_reduce(REDUCE_CODES[n.opdef.key], desc(a, keep), desc(n, keep), _nth(a.nelements)),
+           n.opdef.key)
+
+
+@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "SOFT_MAX_BACK", "RMS_NORM_BACK")
+def _rows_back(n: Tensor) -> None:
+    keep: list = []
+    key = n.opdef.key
+    p = float(n.params["scale"]) if key == "SOFT_MAX_BACK" else float(n.params["eps"])
+    a, b = n.src[0], n.src[1]
+    _check(_lib().csimd_rows_back(int(key == "RMS_NORM_BACK"), p, desc(a, keep), desc(b, keep), desc(n, keep),
+                                  _nth(4 * a.nelements)), key)
+
+
+@kernel((ONLY_F32,), ONLY_F32, "DIAG_MASK_INF", "DIAG_MASK_ZERO")
+def _diag_mask(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_diag_mask(int(n.opdef.key == "DIAG_MASK_INF"), int(n.params["n_past"]),
+                                  desc(n.src[0], keep), desc(n, keep), _nth(n.nelements)), n.opdef.key)
+
+
+@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK")
+def _get_rows_back(n: Tensor) -> None:
+    keep: list = []
+    g, b = n.src[0], n.src[1]
+    idx = b.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
+        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    _check(_lib().csimd_get_rows_back(desc(g, keep), desc(b, keep), desc(n, keep)), "GET_ROWS_BACK")
+
+
+@kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
+def _out_prod(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    _check(_lib().csimd_out_prod(desc(a, keep), desc(b, keep), desc(n, keep), int(_state.get("threads", 1))),
+           "OUT_PROD")
+
+
+# ------------------------------------------------------------------ gated linear units
+GLU_ACT = {"REGLU": UNARY_CODES["RELU"], "GEGLU": UNARY_CODES["GELU"], "SWIGLU": UNARY_CODES["SILU"],
+           "GEGLU_ERF": UNARY_CODES["GELU_ERF"], "GEGLU_QUICK": UNARY_CODES["GELU_QUICK"], "SWIGLU_OAI": -1}
+
+
+@kernel((FLOATS, FLOATS), FLOATS, *GLU_ACT)
+def _glu(n: Tensor) -> None:
+    keep: list = []
+    ffi = _state["ffi"]
+    a = n.src[0]
+    b = n.src[1] if len(n.src) > 1 else None
+    p = n.params
+    alpha, limit = (float(p["alpha"]), float(p["limit"])) if n.opdef.key == "SWIGLU_OAI" else (0.0, 0.0)
+    bd = desc(b, keep) if b is not None else ffi.NULL
+    _check(_lib().csimd_glu(GLU_ACT[n.opdef.key], int(bool(p["swapped"])), alpha, limit, desc(a, keep), bd,
+                            desc(n, keep), _nth(8 * n.nelements)), n.opdef.key)
+
+
+# ------------------------------------------------------------------ joins and regions (copies into views)
+@kernel((FLOATS | INDICES, FLOATS | INDICES), FLOATS | INDICES, "CONCAT")
+def _concat(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    dim = int(n.params["dim"])
+    lib, nth = _lib(), _nth(n.nelements)
+    _check(lib.csimd_cpy(desc(a, keep), desc(n, keep, (0, a.ne, n.nb)), nth), "CONCAT")
+    _check(lib.csimd_cpy(desc(b, keep), desc(n, keep, (a.ne[dim] * n.nb[dim], b.ne, n.nb)), nth), "CONCAT")
+
+
+def _region_of(n: Tensor, b: Tensor) -> tuple[int, tuple, tuple]:
+    p = n.params
+    return int(p["offset"]), b.ne, (n.traits.type_size, int(p["nb1"]), int(p["nb2"]), int(p["nb3"]))
+
+
+@kernel((FLOATS | INDICES, FLOATS | INDICES), FLOATS | INDICES, "SET")
+def _set(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    lib, nth = _lib(), _nth(n.nelements)
+    if not (a.base is n.base and a.view_offs == n.view_offs and a.nb == n.nb):  # in place: a is already there
+        _check(lib.csimd_cpy(desc(a, keep), desc(n, keep), nth), "SET")
+    _check(lib.csimd_cpy(desc(b, keep), desc(n, keep, _region_of(n, b)), nth), "SET")
+
+
+@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "ACC")
+def _acc(n: Tensor) -> None:
+    keep: list = []
+    a, b = n.src[0], n.src[1]
+    lib, nth = _lib(), _nth(n.nelements)
+    if not (a.base is n.base and a.view_offs == n.view_offs and a.nb == n.nb):
+        _check(lib.csimd_cpy(desc(a, keep), desc(n, keep), nth), "ACC")
+    region = desc(n, keep, _region_of(n, b))
+    _check(lib.csimd_binary(BINARY_CODES["ADD"], region, desc(b, keep), region, nth), "ACC")
+
+
+# ------------------------------------------------------------------ padding, diagonals, generators, argmax
+@kernel((ONLY_F32,), ONLY_F32, "PAD", "PAD_REFLECT_1D", "DIAG")
+def _index_map(n: Tensor) -> None:
+    keep: list = []
+    ffi = _state["ffi"]
+    key, p = n.opdef.key, n.params
+    if key == "PAD":
+        pads = [int(p[f"lp{i}"]) for i in range(4)]
+    elif key == "PAD_REFLECT_1D":
+        pads = [int(p["p0"]), 0, 0, 0]
+    else:
+        pads = [0, 0, 0, 0]
+    pv = ffi.new("int64_t[4]", pads)
+    mode = {"PAD": 0, "PAD_REFLECT_1D": 1, "DIAG": 2}[key]
+    circular = int(bool(p["circular"])) if key == "PAD" else 0
+    _check(_lib().csimd_index_map(mode, pv, circular, desc(n.src[0], keep), desc(n, keep), _nth(n.nelements)), key)
+
+
+@kernel((), ONLY_F32, "ARANGE")
+def _arange(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_arange(float(n.params["start"]), float(n.params["step"]), desc(n, keep)), "ARANGE")
+
+
+@kernel((ONLY_F32,), INDICES, "ARGMAX")
+def _argmax(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_argmax(desc(n.src[0], keep), desc(n, keep)), "ARGMAX")
+
+
+@kernel((FLOATS,), FLOATS, "XIELU")
+def _xielu(n: Tensor) -> None:
+    keep: list = []
+    p = n.params
+    beta = float(p["beta"])
+    an, ap = beta + _softplus(float(p["alpha_n"])), _softplus(float(p["alpha_p"]))
+    _check(_lib().csimd_xielu(an, ap, beta, float(p["eps"]), desc(n.src[0], keep), desc(n, keep),
+                              _nth(8 * n.nelements)), "XIELU")
+
+
+def _softplus(x: float) -> float:
+    return x if x > 20 else math.log1p(math.exp(x))
+
+
+@kernel((ONLY_F32,), ONLY_F32, "TIMESTEP_EMBEDDING")
+def _timestep_embedding(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_timestep_embedding(float(n.params["max_period"]), desc(n.src[0], keep), desc(n, keep),
+                                           _nth(16 * n.nelements)), "TIMESTEP_EMBEDDING")
+
+
+@kernel((ONLY_F32,), ONLY_F32, "GROUP_NORM")
+def _group_norm(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_group_norm(int(n.params["n_groups"]), float(n.params["eps"]), desc(n.src[0], keep),
+                                   desc(n, keep), _nth(3 * n.nelements)), "GROUP_NORM")
+
+
+__all__ = ["KERNELS", "SUPPORT", "Unsupported", "check_view", "desc", "view_extent"]

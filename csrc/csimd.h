@@ -1,0 +1,53 @@
+/* prism csimd: public C interface (mirrored in build_csimd.py's cdef). */
+#ifndef PRISM_CSIMD_H
+#define PRISM_CSIMD_H
+#include <stdint.h>
+
+/* element types */
+#define CSIMD_F32 0
+#define CSIMD_F16 1
+#define CSIMD_BF16 2
+#define CSIMD_I32 3
+
+/* A strided 4-D tensor view, ggml order: ne[0] innermost; nb in bytes.
+   The Python side validates that every addressed byte lies inside the buffer. */
+typedef struct {
+    char *data;
+    int64_t ne[4];
+    int64_t nb[4];
+    int type;
+} csimd_tensor;
+
+int csimd_cpu_isa(void);        /* best ISA this CPU runs: 0 scalar, 1 avx2+fma+f16c, 2 avx512 */
+int csimd_set_isa(int isa);     /* returns 0, or -1 when the CPU cannot run it */
+int csimd_get_isa(void);
+int csimd_has_openmp(void);
+int csimd_max_threads(void);
+
+int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_soft_max(const csimd_tensor *a, const csimd_tensor *mask, const csimd_tensor *sinks, const csimd_tensor *d,
+                   const float *slopes, float scale, int nth);
+int csimd_norm(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_cpy(const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth);
+int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g, int back, int nth);
+int csimd_opt_step(int adamw, const float *p, const csimd_tensor *a, const csimd_tensor *g,
+                   const csimd_tensor *m, const csimd_tensor *v, const csimd_tensor *d, int nth);
+int csimd_repeat(const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_reduce(int op, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_repeat_back(const csimd_tensor *a, const csimd_tensor *d);
+int csimd_rows_back(int op, float p, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_diag_mask(int inf, int64_t n_past, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_get_rows_back(const csimd_tensor *g, const csimd_tensor *idx, const csimd_tensor *d);
+int csimd_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_glu(int act, int swapped, double alpha, double limit, const csimd_tensor *a, const csimd_tensor *b,
+              const csimd_tensor *d, int nth);
+int csimd_index_map(int mode, const int64_t *p, int circular, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_arange(double start, double step, const csimd_tensor *d);
+int csimd_argmax(const csimd_tensor *a, const csimd_tensor *d);
+int csimd_xielu(double an, double ap, double beta, double eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_timestep_embedding(double max_period, const csimd_tensor *t, const csimd_tensor *d, int nth);
+int csimd_group_norm(int64_t n_groups, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
+#endif

@@ -1,0 +1,1070 @@
+/* Kernel template, included once per ISA by csimd.c with
+   SFX (name suffix), ATTR (function attributes), VB (vector bytes), MR x NR (GEMM micro-tile),
+   ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512). Plain C with GCC vector extensions;
+   the target attribute lets the compiler use the ISA's registers for these functions only. */
+#define CAT_(a, b) a##_##b
+#define CAT(a, b) CAT_(a, b)
+#define FN(name) CAT(name, SFX)
+#define VF CAT(vf, SFX)
+#define VFU CAT(vfu, SFX)
+#define VL (VB / 4)
+
+typedef float VF __attribute__((vector_size(VB)));
+typedef float VFU __attribute__((vector_size(VB), aligned(4), may_alias));
+#define VI CAT(vi, SFX)
+typedef int32_t VI __attribute__((vector_size(VB)));
+
+/* exp(x) for x <= 0 (and -inf, NaN), as softmax needs it: Cephes' expf (about 1 ulp);
+   results below FLT_MIN are flushed to 0 */
+ATTR static inline VF FN(vexp_neg)(VF x) {
+    const VI under = x < -87.33654f;
+    const VF lim = (VF){0} + -87.33654f;
+    const VF xc = (VF)(((VI)lim & under) | ((VI)x & ~under));
+    const VF t = xc * 1.44269504088896341f;
+    const VF n = (t + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const VF r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    VF p = (VF){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const VF y = p * (r * r) + r + 1.0f;
+    const VI e = (__builtin_convertvector(n, VI) + 127) << 23;
+    const VF res = y * (VF)e;
+    return (VF)((VI)res & ~under);
+}
+
+/* ------------------------------------------------------------ row conversions */
+ATTR static void FN(row_to_f32)(float *restrict dst, const char *restrict src, int t, int64_t snb, int64_t n) {
+    if (t == CSIMD_F32 && snb == 4) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (t == CSIMD_F16 && snb == 2) {
+        const uint16_t *s = (const uint16_t *)src;
+        int64_t i = 0;
+#if ISA_LEVEL == 2
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+#elif ISA_LEVEL == 1
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+        for (; i < n; i++) dst[i] = f16_to_f32_sw(s[i]);
+        return;
+    }
+    if (t == CSIMD_BF16 && snb == 2) {
+        const uint16_t *s = (const uint16_t *)src;
+        uint32_t *d = (uint32_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = load_f32(src + i * snb, t);
+}
+
+ATTR static void FN(row_from_f32)(char *restrict dst, int t, int64_t dnb, const float *restrict src, int64_t n) {
+    if (t == CSIMD_F32 && dnb == 4) { memcpy(dst, src, (size_t)n * 4); return; }
+    if (t == CSIMD_F16 && dnb == 2) {
+        uint16_t *d = (uint16_t *)dst;
+        int64_t i = 0;
+#if ISA_LEVEL == 2
+        for (; i + 16 <= n; i += 16)
+            _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#elif ISA_LEVEL == 1
+        for (; i + 8 <= n; i += 8)
+            _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; i < n; i++) d[i] = f32_to_f16_sw(src[i]);
+        return;
+    }
+    if (t == CSIMD_BF16 && dnb == 2) {
+        uint16_t *d = (uint16_t *)dst;
+        const uint32_t *s = (const uint32_t *)src;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = s[i];
+            uint16_t q = (uint16_t)((u >> 16) | 64u);
+            uint16_t r = (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+            d[i] = ((u & 0x7fffffffu) > 0x7f800000u) ? q : r;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) store_f32(dst + i * dnb, t, src[i]);
+}
+
+/* ------------------------------------------------------------ binary (ggml modulo broadcast) */
+ATTR static inline float FN(bop)(int op, float x, float y) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    case 3: return x / y;
+    default: { /* 4: SILU_BACK, x = grad, y = input */
+        const float sg = 1.0f / (1.0f + expf(-y));
+        return x * sg * (1.0f + y * (1.0f - sg));
+    }
+    }
+}
+
+#if ISA_LEVEL >= 1
+/* large contiguous F32 add/sub/mul/div: non-temporal stores (no read-for-ownership of d) */
+ATTR static int FN(binary_stream)(int op, float *d, const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+    if (op > 3) return 0;
+    while (i < n && ((uintptr_t)(d + i) & 63)) { d[i] = FN(bop)(op, a[i], b[i]); i++; }
+#if ISA_LEVEL == 2
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(a + i), y = _mm512_loadu_ps(b + i), r;
+        switch (op) {
+        case 0: r = _mm512_add_ps(x, y); break;
+        case 1: r = _mm512_sub_ps(x, y); break;
+        case 2: r = _mm512_mul_ps(x, y); break;
+        default: r = _mm512_div_ps(x, y); break;
+        }
+        _mm512_stream_ps(d + i, r);
+    }
+#else
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i), y = _mm256_loadu_ps(b + i), r;
+        switch (op) {
+        case 0: r = _mm256_add_ps(x, y); break;
+        case 1: r = _mm256_sub_ps(x, y); break;
+        case 2: r = _mm256_mul_ps(x, y); break;
+        default: r = _mm256_div_ps(x, y); break;
+        }
+        _mm256_stream_ps(d + i, r);
+    }
+#endif
+    for (; i < n; i++) d[i] = FN(bop)(op, a[i], b[i]);
+    _mm_sfence();
+    return 1;
+}
+#endif
+
+ATTR static void FN(binary_contig)(int op, float *d, const float *a, const float *b, int64_t n) {
+    switch (op) {
+    case 0: for (int64_t i = 0; i < n; i++) d[i] = a[i] + b[i]; break;
+    case 1: for (int64_t i = 0; i < n; i++) d[i] = a[i] - b[i]; break;
+    case 2: for (int64_t i = 0; i < n; i++) d[i] = a[i] * b[i]; break;
+    case 3: for (int64_t i = 0; i < n; i++) d[i] = a[i] / b[i]; break;
+    default: for (int64_t i = 0; i < n; i++) d[i] = FN(bop)(op, a[i], b[i]); break;
+    }
+}
+
+
+ATTR static void FN(binary)(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    const int64_t nch = (n0 + CHUNK - 1) / CHUNK, items = nr * nch;
+    const int contig = a->nb[0] == 4 && b->nb[0] == 4 && d->nb[0] == 4;
+    const int typed = a->type != CSIMD_F32 || b->type != CSIMD_F32 || d->type != CSIMD_F32;
+    const int stream = (double)n0 * (double)nr >= (double)(1 << 22); /* far beyond the caches */
+    (void)nth;
+    (void)stream;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t ir = it / nch, c0 = (it % nch) * CHUNK, c1 = c0 + CHUNK < n0 ? c0 + CHUNK : n0;
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        float *dr = (float *)ELT(d, 0, i1, i2, i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        const char *br = ELT(b, 0, i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3]);
+        if (typed) {
+            const int64_t bn = b->ne[0];
+            for (int64_t i = c0; i < c1; i++) {
+                const double x = load_f32(ar + i * a->nb[0], a->type), y = load_f32(br + (i % bn) * b->nb[0], b->type);
+                double r;
+                switch (op) {
+                case 0: r = x + y; break;
+                case 1: r = x - y; break;
+                case 2: r = x * y; break;
+                case 3: r = x / y; break;
+                default: r = FN(bop)(op, (float)x, (float)y); break;
+                }
+                store_f64((char *)dr + i * d->nb[0], d->type, r);
+            }
+        } else if (contig && b->ne[0] == n0) {
+#if ISA_LEVEL >= 1
+            /* stream only when d overlaps neither source (not in place) */
+            const char *d0 = (const char *)(dr + c0), *d1 = (const char *)(dr + c1);
+            const int apart = (d1 <= ar + 4 * c0 || ar + 4 * c1 <= d0) && (d1 <= br + 4 * c0 || br + 4 * c1 <= d0);
+            if (stream && apart &&
+                FN(binary_stream)(op, dr + c0, (const float *)ar + c0, (const float *)br + c0, c1 - c0))
+                continue;
+#endif
+            FN(binary_contig)(op, dr + c0, (const float *)ar + c0, (const float *)br + c0, c1 - c0);
+        } else if (b->ne[0] == 1) {
+            float y;
+            memcpy(&y, br, 4);
+            for (int64_t i = c0; i < c1; i++) {
+                float x;
+                memcpy(&x, ar + i * a->nb[0], 4);
+                x = FN(bop)(op, x, y);
+                memcpy((char *)dr + i * d->nb[0], &x, 4);
+            }
+        } else {
+            const int64_t bn = b->ne[0];
+            for (int64_t i = c0; i < c1; i++) {
+                float x, y;
+                memcpy(&x, ar + i * a->nb[0], 4);
+                memcpy(&y, br + (i % bn) * b->nb[0], 4);
+                x = FN(bop)(op, x, y);
+                memcpy((char *)dr + i * d->nb[0], &x, 4);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ unary */
+
+ATTR static inline float FN(sigm)(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
+    switch (op) {
+    case U_ABS: return fabsf(x);
+    case U_SGN: return x > 0 ? 1.0f : x < 0 ? -1.0f : x;
+    case U_NEG: return -x;
+    case U_STEP: return x > 0 ? 1.0f : 0.0f;
+    case U_TANH: return tanhf(x);
+    case U_ELU: return x > 0 ? x : expm1f(x);
+    case U_RELU: return x < 0 ? 0.0f : x;
+    case U_SIGMOID: return FN(sigm)(x);
+    case U_GELU: {
+        double xd = x; /* the tanh form, computed exactly (no table) */
+        return 0.5 * xd * (1.0 + tanh(0.79788456080286535588 * xd * (1.0 + 0.044715 * xd * xd)));
+    }
+    case U_GELU_QUICK: return x * FN(sigm)(1.702f * x);
+    case U_SILU: return x / (1.0f + expf(-x));
+    case U_HARDSWISH: { float t = (x + 3.0f) / 6.0f; t = t < 0 ? 0 : t > 1 ? 1 : t; return x * t; }
+    case U_HARDSIGMOID: { float t = (x + 3.0f) / 6.0f; return t < 0 ? 0 : t > 1 ? 1 : t; }
+    case U_EXP: return expf(x);
+    case U_EXPM1: return expm1f(x);
+    case U_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
+    case U_GELU_ERF: return 0.5 * (double)x * (1.0 + erf((double)x * 0.70710678118654752440));
+    case U_FLOOR: return floorf(x);
+    case U_CEIL: return ceilf(x);
+    case U_ROUND: return roundf(x);
+    case U_TRUNC: return truncf(x);
+    case U_SQR: return x * x;
+    case U_SQRT: return sqrtf(x);
+    case U_LOG: return logf(x);
+    case U_SIN: return sinf(x);
+    case U_COS: return cosf(x);
+    case U_SCALE: {
+        double t = (double)x * p0;
+        __asm__("" : "+m"(t)); /* no fused multiply-add: round as the reference does */
+        return t + p1;
+    }
+    case U_CLAMP: return x < p0 ? p0 : x > p1 ? p1 : x;
+    case U_LEAKY_RELU: return x > 0 ? (double)x : x * p0;
+    default: return x;
+    }
+}
+
+ATTR static void FN(unary_contig)(int op, double p0, double p1, float *d, const float *a, int64_t n) {
+    switch (op) {
+    case U_NEG: for (int64_t i = 0; i < n; i++) d[i] = -a[i]; return;
+    case U_ABS: for (int64_t i = 0; i < n; i++) d[i] = fabsf(a[i]); return;
+    case U_SQR: for (int64_t i = 0; i < n; i++) d[i] = a[i] * a[i]; return;
+    case U_SQRT: for (int64_t i = 0; i < n; i++) d[i] = sqrtf(a[i]); return;
+    case U_RELU: for (int64_t i = 0; i < n; i++) d[i] = a[i] < 0 ? 0.0f : a[i]; return;
+    case U_SCALE: {
+        const double s = p0, b = p1;
+        if (b == 0.0 && (double)(float)s == s) { const float sf = (float)s; for (int64_t i = 0; i < n; i++) d[i] = a[i] * sf; }
+        else { for (int64_t i = 0; i < n; i++) d[i] = (float)((double)a[i] * s + b); }
+        return;
+    }
+    default: for (int64_t i = 0; i < n; i++) d[i] = (float)FN(uop)(op, a[i], p0, p1); return;
+    }
+}
+
+ATTR static void FN(unary)(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    const int64_t nch = (n0 + CHUNK - 1) / CHUNK, items = nr * nch;
+    const int contig = a->nb[0] == 4 && d->nb[0] == 4;
+    const int typed = a->type != CSIMD_F32 || d->type != CSIMD_F32;
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t ir = it / nch, c0 = (it % nch) * CHUNK, c1 = c0 + CHUNK < n0 ? c0 + CHUNK : n0;
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        if (typed) {
+            for (int64_t i = c0; i < c1; i++)
+                store_f64(dr + i * d->nb[0], d->type, FN(uop)(op, load_f32(ar + i * a->nb[0], a->type), p0, p1));
+        } else if (contig) {
+            FN(unary_contig)(op, p0, p1, (float *)dr + c0, (const float *)ar + c0, c1 - c0);
+        } else {
+            for (int64_t i = c0; i < c1; i++) {
+                float x;
+                memcpy(&x, ar + i * a->nb[0], 4);
+                x = (float)FN(uop)(op, x, p0, p1);
+                memcpy(dr + i * d->nb[0], &x, 4);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ copies and conversions */
+ATTR static void FN(cpy)(const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    const int same_shape = a->ne[0] == d->ne[0] && a->ne[1] == d->ne[1] && a->ne[2] == d->ne[2] && a->ne[3] == d->ne[3];
+    const int same_type = a->type == d->type;
+    const int64_t ts = type_size(d->type);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 ? n0 : 1) * 4);
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            int64_t i1, i2, i3;
+            unravel_row(d, ir, &i1, &i2, &i3);
+            char *dr = ELT(d, 0, i1, i2, i3);
+            if (same_shape) {
+                const char *ar = ELT(a, 0, i1, i2, i3);
+                if (same_type) {
+                    if (a->nb[0] == ts && d->nb[0] == ts) memcpy(dr, ar, (size_t)(n0 * ts));
+                    else for (int64_t i = 0; i < n0; i++) memcpy(dr + i * d->nb[0], ar + i * a->nb[0], (size_t)ts);
+                } else if (tmp) {
+                    FN(row_to_f32)(tmp, ar, a->type, a->nb[0], n0);
+                    FN(row_from_f32)(dr, d->type, d->nb[0], tmp, n0);
+                }
+            } else {
+                /* logical row-major order: unravel the flat index of this row's start in a */
+                int64_t f = ((i3 * d->ne[2] + i2) * d->ne[1] + i1) * n0;
+                int64_t s0 = f % a->ne[0], s1 = (f / a->ne[0]) % a->ne[1];
+                int64_t s2 = (f / (a->ne[0] * a->ne[1])) % a->ne[2], s3 = f / (a->ne[0] * a->ne[1] * a->ne[2]);
+                for (int64_t i = 0; i < n0; i++) {
+                    const char *p = ELT(a, s0, s1, s2, s3);
+                    if (same_type) memcpy(dr + i * d->nb[0], p, (size_t)ts);
+                    else store_f32(dr + i * d->nb[0], d->type, load_f32(p, a->type));
+                    if (++s0 == a->ne[0]) { s0 = 0; if (++s1 == a->ne[1]) { s1 = 0; if (++s2 == a->ne[2]) { s2 = 0; ++s3; } } }
+                }
+            }
+        }
+        free(tmp);
+    }
+}
+
+/* ------------------------------------------------------------ rows: softmax, norms */
+ATTR static float FN(row_max)(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+ATTR static void FN(soft_max)(const csimd_tensor *a, const csimd_tensor *mask, const csimd_tensor *sinks,
+                              const csimd_tensor *d,
+                              const float *slopes, float scale, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *x = (float *)csimd_alloc((size_t)(2 * n0 + 16) * 4);
+        float *m = x + n0 + 8;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!x) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
+            if (scale != 1.0f) for (int64_t i = 0; i < n0; i++) x[i] *= scale;
+            if (mask) {
+                const char *mr = ELT(mask, 0, i1 % mask->ne[1], i2 % mask->ne[2], i3 % mask->ne[3]);
+                FN(row_to_f32)(m, mr, mask->type, mask->nb[0], n0);
+                const float slope = slopes[i2];
+                for (int64_t i = 0; i < n0; i++) x[i] += slope * m[i];
+            }
+            float mx = FN(row_max)(x, n0), sk = 0.0f;
+            if (sinks) {
+                memcpy(&sk, ELT(sinks, i2, 0, 0, 0), 4);
+                mx = sk > mx ? sk : mx;
+            }
+            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t i = 0;
+            for (; i + VL <= n0; i += VL) {
+                VFU *p = (VFU *)(x + i);
+                *p = FN(vexp_neg)(*p - mx);
+            }
+            for (; i < n0; i++) x[i] = expf(x[i] - mx);
+            for (i = 0; i + 8 <= n0; i += 8)
+                for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j];
+            double sum = 0;
+            for (; i < n0; i++) sum += x[i];
+            for (int j = 0; j < 8; j++) sum += acc[j];
+            if (sinks) sum += exp((double)sk - (double)mx);
+            const float inv = (float)(1.0 / sum);
+            for (i = 0; i < n0; i++) x[i] *= inv;
+            FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], x, n0);
+        }
+        free(x);
+    }
+}
+
+ATTR static void FN(norm)(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *x = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!x) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            const char *ar = ELT(a, 0, i1, i2, i3);
+            const float *xs = (const float *)ar;
+            if (a->nb[0] != 4) { FN(row_to_f32)(x, ar, CSIMD_F32, a->nb[0], n0); xs = x; }
+            double mean = 0;
+            int64_t i;
+            if (!rms) {
+                double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;
+                for (i = 0; i + 8 <= n0; i += 8)
+                    for (int j = 0; j < 8; j++) s[j] += (double)xs[i + j];
+                for (; i < n0; i++) t += xs[i];
+                for (int j = 0; j < 8; j++) t += s[j];
+                mean = t / (double)n0;
+            }
+            double q[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ss = 0;
+            for (i = 0; i + 8 <= n0; i += 8)
+                for (int j = 0; j < 8; j++) { double c = (double)xs[i + j] - mean; q[j] += c * c; }
+            for (; i < n0; i++) { double c = (double)xs[i] - mean; ss += c * c; }
+            for (int j = 0; j < 8; j++) ss += q[j];
+            double sc;
+            if (rms == 2) { /* L2_NORM: x / max(|x|, eps) */
+                const double nrm = sqrt(ss);
+                sc = 1.0 / (nrm > (double)eps ? nrm : (double)eps);
+            } else {
+                sc = 1.0 / sqrt(ss / (double)n0 + (double)eps);
+            }
+            char *dr = ELT(d, 0, i1, i2, i3);
+            if (d->nb[0] == 4 && xs != x) {
+                float *o = (float *)dr;
+                if (rms == 1) { const float f = (float)sc; for (i = 0; i < n0; i++) o[i] = xs[i] * f; }
+                else for (i = 0; i < n0; i++) o[i] = (float)(((double)xs[i] - mean) * sc);
+            } else {
+                if (xs != x) memcpy(x, xs, (size_t)n0 * 4);
+                for (i = 0; i < n0; i++) x[i] = (float)(((double)x[i] - mean) * sc);
+                FN(row_from_f32)(dr, CSIMD_F32, d->nb[0], x, n0);
+            }
+        }
+        free(x);
+    }
+}
+
+/* ------------------------------------------------------------ get_rows */
+ATTR static void FN(get_rows)(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!tmp) continue;
+            int64_t i, j, k;
+            unravel_row(d, ir, &i, &j, &k);
+            int32_t r;
+            memcpy(&r, ELT(idx, i, j, k, 0), 4);
+            if (r < 0 || r >= a->ne[1]) continue; /* validated by the caller; never read outside */
+            FN(row_to_f32)(tmp, ELT(a, 0, r, j, k), a->type, a->nb[0], n0);
+            FN(row_from_f32)(ELT(d, 0, i, j, k), d->type, d->nb[0], tmp, n0);
+        }
+        free(tmp);
+    }
+}
+
+/* ------------------------------------------------------------ cross entropy */
+ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_t n, int back, float gscale) {
+    float mx = FN(row_max)(x, n);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    const double lse = log(s);
+    if (back) {
+        for (int64_t i = 0; i < n; i++) out[i] = (float)((exp((double)x[i] - mx - lse) - y[i]) * gscale);
+        return 0;
+    }
+    double l = 0;
+    for (int64_t i = 0; i < n; i++) l += (double)y[i] * ((double)x[i] - mx - lse);
+    return l;
+}
+
+ATTR static void FN(cross_entropy)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g,
+                                   int back, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    const double gscale = (double)g / (double)nr;
+    double total = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(+ : total)
+    {
+        float *x = (float *)csimd_alloc((size_t)(3 * n0 + 32) * 4);
+        float *y = x + n0 + 8, *o = y + n0 + 8;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!x) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
+            FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
+            total += FN(ce_row)(x, y, o, n0, back, (float)gscale);
+            if (back) FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], o, n0);
+        }
+        free(x);
+    }
+    if (!back) {
+        float v = (float)(-total / (double)nr);
+        memcpy(d->data, &v, 4);
+    }
+}
+
+/* ------------------------------------------------------------ optimizer steps (elementwise, in place) */
+ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, const csimd_tensor *g,
+                              const csimd_tensor *m, const csimd_tensor *v, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        for (int64_t i = 0; i < n0; i++) {
+            float x, gr, out;
+            memcpy(&x, ELT(a, i, i1, i2, i3), 4);
+            memcpy(&gr, ELT(g, i, i1, i2, i3), 4);
+            if (adamw) {
+                const double alpha = p[0], b1 = p[1], b2 = p[2], eps = p[3], wd = p[4], b1h = p[5], b2h = p[6];
+                float mv, vv;
+                memcpy(&mv, ELT(m, i, i1, i2, i3), 4);
+                memcpy(&vv, ELT(v, i, i1, i2, i3), 4);
+                double mm = b1 * mv + (1 - b1) * gr;
+                double vn = b2 * vv + (1 - b2) * (double)gr * gr;
+                double w = x * (1 - alpha * wd) - alpha * (mm * b1h) / (sqrt(vn * b2h) + eps);
+                mv = (float)mm;
+                vv = (float)vn;
+                memcpy(ELT(m, i, i1, i2, i3), &mv, 4);
+                memcpy(ELT(v, i, i1, i2, i3), &vv, 4);
+                out = (float)w;
+            } else {
+                out = (float)((double)x * (1 - (double)p[0] * p[1]) - (double)p[0] * gr);
+            }
+            memcpy(ELT(d, i, i1, i2, i3), &out, 4);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ mul_mat: packed, cache-blocked GEMM
+   C (N x M, row stride ldc floats) = B (N x K) * A^T, A is M x K; both read through byte strides.
+   A^T is packed in panels of NR columns ([k][NR]), B in panels of MR rows ([k][MR]). */
+#define KC 256
+#define NCB 512
+#define MCB 384
+
+ATTR static void FN(pack_a)(float *restrict dst, const char *a, int at, int64_t snm, int64_t snk,
+                            int64_t m0, int64_t mn, int64_t k0, int64_t kc) {
+    /* panel of NR columns m0..m0+NR (zero past mn) */
+    if (at == CSIMD_F32 && snk == 4) {
+        /* blocks of 16 k: the 16 destination rows stay in L1 while the NR sources stream */
+        for (int64_t kb = 0; kb < kc; kb += 16) {
+            const int64_t ke = kc - kb < 16 ? kc - kb : 16;
+            for (int64_t j = 0; j < NR; j++) {
+                if (j < mn) {
+                    const float *r = (const float *)(a + (m0 + j) * snm + (k0 + kb) * snk);
+                    for (int64_t k = 0; k < ke; k++) dst[(kb + k) * NR + j] = r[k];
+                } else {
+                    for (int64_t k = 0; k < ke; k++) dst[(kb + k) * NR + j] = 0.0f;
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t j = 0; j < NR; j++) {
+        if (j < mn) {
+            const char *row = a + (m0 + j) * snm + k0 * snk;
+            if (at == CSIMD_F32 && snk == 4) {
+                const float *r = (const float *)row;
+                for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = r[k];
+            } else {
+                for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = load_f32(row + k * snk, at);
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
+        }
+    }
+}
+
+ATTR static void FN(pack_b)(float *restrict dst, const char *b, int64_t snn, int64_t snk,
+                            int64_t n0, int64_t nn, int64_t k0, int64_t kc) {
+    for (int64_t i = 0; i < MR; i++) {
+        if (i < nn) {
+            const char *row = b + (n0 + i) * snn + k0 * snk;
+            if (snk == 4) {
+                const float *r = (const float *)row;
+                for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = r[k];
+            } else {
+                for (int64_t k = 0; k < kc; k++) { float f; memcpy(&f, row + k * snk, 4); dst[k * MR + i] = f; }
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = 0.0f;
+        }
+    }
+}
+
+#define NV (NR / VL)
+ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *restrict Bp, float *C, int64_t ldc,
+                           int first, int64_t mr, int64_t nr) {
+    VF c[MR][NV];
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[r][v] = (VF){0};
+    for (int64_t k = 0; k < kc; k++) {
+        VF av[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) av[v] = *(const VF *)(Ap + k * NR + v * VL);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++) {
+            const float bb = Bp[k * MR + r];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] += av[v] * bb;
+        }
+    }
+    if (mr == MR && nr == NR) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) {
+                VFU *p = (VFU *)(C + r * ldc + v * VL);
+                if (first) *p = c[r][v]; else *p += c[r][v];
+            }
+    } else {
+        float t[MR][NR] __attribute__((aligned(64)));
+        for (int r = 0; r < MR; r++)
+            for (int v = 0; v < NV; v++) *(VF *)(&t[r][v * VL]) = c[r][v];
+        for (int64_t r = 0; r < mr; r++)
+            for (int64_t j = 0; j < nr; j++) {
+                if (first) C[r * ldc + j] = t[r][j]; else C[r * ldc + j] += t[r][j];
+            }
+    }
+}
+
+ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn, int64_t bnk,
+                         float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+    const int64_t npa = (NCB + NR - 1) / NR, npb = (MCB + MR - 1) / MR;
+    float *Apack = (float *)csimd_alloc((size_t)npa * KC * NR * 4);
+    float *Bpack = (float *)csimd_alloc((size_t)npb * KC * MR * 4);
+    if (!Apack || !Bpack) { free(Apack); free(Bpack); return -2; }
+    if (K == 0) {
+        for (int64_t n = 0; n < N; n++) for (int64_t m = 0; m < M; m++) C[n * ldc + m] = 0.0f;
+    }
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    for (int64_t jc = 0; jc < M; jc += NCB) {
+        const int64_t nc = M - jc < NCB ? M - jc : NCB, pa = (nc + NR - 1) / NR;
+        for (int64_t pc = 0; pc < K; pc += KC) {
+            const int64_t kc = K - pc < KC ? K - pc : KC;
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < pa; p++) {
+                const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
+                FN(pack_a)(Apack + p * KC * NR, a, at, anm, ank, m0, mn, pc, kc);
+            }
+            for (int64_t ic = 0; ic < N; ic += MCB) {
+                const int64_t mc = N - ic < MCB ? N - ic : MCB, pb = (mc + MR - 1) / MR;
+#pragma omp for schedule(static)
+                for (int64_t q = 0; q < pb; q++) {
+                    const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
+                    FN(pack_b)(Bpack + q * KC * MR, b, bnn, bnk, n0, nn, pc, kc);
+                }
+                const int64_t tiles = pb * pa;
+#pragma omp for schedule(dynamic, 4)
+                for (int64_t t = 0; t < tiles; t++) {
+                    const int64_t q = t / pa, p = t % pa;
+                    const int64_t n0 = ic + q * MR, m0 = jc + p * NR;
+                    const int64_t nn = N - n0 < MR ? N - n0 : MR, mn = M - m0 < NR ? M - m0 : NR;
+                    FN(micro)(kc, Apack + p * KC * NR, Bpack + q * KC * MR, C + n0 * ldc + m0, ldc, pc == 0, nn, mn);
+                }
+            }
+        }
+    }
+    free(Apack);
+    free(Bpack);
+    return 0;
+}
+
+/* few rows of b (N small): dot products straight from memory, no packing; parallel over M */
+ATTR static float FN(dot)(const float *restrict x, const float *restrict y, int64_t n) {
+    VF acc[4] = {{0}, {0}, {0}, {0}};
+    int64_t i = 0;
+    for (; i + 4 * VL <= n; i += 4 * VL)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[j] += *(const VFU *)(x + i + j * VL) * *(const VFU *)(y + i + j * VL);
+    for (; i + VL <= n; i += VL) acc[0] += *(const VFU *)(x + i) * *(const VFU *)(y + i);
+    VF t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    double s = 0;
+    for (int j = 0; j < VL; j++) s += t[j];
+    for (; i < n; i++) s += (double)x[i] * y[i];
+    return (float)s;
+}
+
+ATTR static void FN(gemv)(const char *a, int64_t anm, const char *b, int64_t bnn, float *C, int64_t ldc, int64_t M,
+                          int64_t N, int64_t K, int nth) {
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++)
+            C[n * ldc + m] = FN(dot)((const float *)(a + m * anm), (const float *)(b + n * bnn), K);
+}
+
+ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    if ((double)M * (double)N * (double)K < 65536.0 * 4) nth = 1;
+    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
+            const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
+            const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
+            float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
+            if (N <= 4 && a->type == CSIMD_F32 && a->nb[0] == 4 && b->nb[0] == 4) {
+                FN(gemv)(ap, a->nb[1], bp, b->nb[1], dp, d->nb[1] / 4, M, N, K, nth);
+                continue;
+            }
+            int rc = FN(gemm)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N, K, nth);
+            if (rc) return rc;
+        }
+    return 0;
+}
+
+
+/* ------------------------------------------------------------ repeat, reductions, backward rows */
+ATTR static void FN(repeat)(const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d), ts = type_size(d->type), an = a->ne[0];
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        const char *ar = ELT(a, 0, i1 % a->ne[1], i2 % a->ne[2], i3 % a->ne[3]);
+        if (ts == 4 && d->nb[0] == 4 && a->nb[0] == 4) {
+            uint32_t *o = (uint32_t *)dr;
+            const uint32_t *s = (const uint32_t *)ar;
+            for (int64_t i = 0; i < n0; i++) o[i] = s[i % an];
+        } else {
+            for (int64_t i = 0; i < n0; i++) memcpy(dr + i * d->nb[0], ar + (i % an) * a->nb[0], (size_t)ts);
+        }
+    }
+}
+
+ATTR static double FN(row_sum)(const float *x, int64_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)x[i + j];
+    for (; i < n; i++) s += x[i];
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+/* op 0: SUM (all elements), 1: SUM_ROWS, 2: MEAN (per row) */
+ATTR static void FN(reduce)(int op, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    double total = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(+ : total)
+    {
+        float *x = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!x) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), a->type, a->nb[0], n0);
+            double s = FN(row_sum)(x, n0);
+            if (op == 0) total += s;
+            else store_f32(ELT(d, 0, i1, i2, i3), d->type, (float)(op == 2 ? s / (double)n0 : s));
+        }
+        free(x);
+    }
+    if (op == 0) store_f32(d->data, d->type, (float)total);
+}
+
+ATTR static int FN(repeat_back)(const csimd_tensor *a, const csimd_tensor *d) {
+    const int64_t dn = d->ne[0] * d->ne[1] * d->ne[2] * d->ne[3], n0 = a->ne[0], nr = nrows_of(a);
+    double *acc = (double *)calloc((size_t)(dn ? dn : 1), sizeof(double));
+    if (!acc) return -2;
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(a, ir, &i1, &i2, &i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        double *o = acc + (((i3 % d->ne[3]) * d->ne[2] + (i2 % d->ne[2])) * d->ne[1] + (i1 % d->ne[1])) * d->ne[0];
+        for (int64_t i = 0; i < n0; i++) o[i % d->ne[0]] += load_f32(ar + i * a->nb[0], a->type);
+    }
+    for (int64_t ir = 0; ir < nrows_of(d); ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        for (int64_t i = 0; i < d->ne[0]; i++) store_f32(dr + i * d->nb[0], d->type, (float)acc[ir * d->ne[0] + i]);
+    }
+    free(acc);
+    return 0;
+}
+
+/* op 0: SOFT_MAX_BACK (a = dy, b = y, p = scale); 1: RMS_NORM_BACK (a = dz, b = x, p = eps) */
+ATTR static void FN(rows_back)(int op, float p, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d,
+                               int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        float *x = (float *)csimd_alloc((size_t)(2 * n0 + 16) * 4);
+        float *y = x + n0 + 8;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!x) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
+            FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
+            if (op == 0) {
+                double dot = 0;
+                for (int64_t i = 0; i < n0; i++) dot += (double)x[i] * y[i];
+                for (int64_t i = 0; i < n0; i++) x[i] = (float)((double)p * y[i] * ((double)x[i] - dot));
+            } else {
+                double sxx = 0, sxd = 0;
+                for (int64_t i = 0; i < n0; i++) { sxx += (double)y[i] * y[i]; sxd += (double)y[i] * x[i]; }
+                const double rrms = 1.0 / sqrt(sxx / (double)n0 + (double)p), f = sxd / (sxx + (double)n0 * p);
+                for (int64_t i = 0; i < n0; i++) x[i] = (float)(((double)x[i] - (double)y[i] * f) * rrms);
+            }
+            FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], x, n0);
+        }
+        free(x);
+    }
+}
+
+ATTR static void FN(diag_mask)(int inf, int64_t n_past, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    const float fill = inf ? -INFINITY : 0.0f;
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        for (int64_t i = 0; i < n0; i++) {
+            float v;
+            memcpy(&v, ar + i * a->nb[0], 4);
+            if (i > n_past + i1) v = fill;
+            memcpy(dr + i * d->nb[0], &v, 4);
+        }
+    }
+}
+
+ATTR static void FN(get_rows_back)(const csimd_tensor *g, const csimd_tensor *idx, const csimd_tensor *d) {
+    for (int64_t r = 0; r < d->ne[1]; r++)
+        for (int64_t i = 0; i < d->ne[0]; i++) store_f32(ELT(d, i, r, 0, 0), d->type, 0.0f);
+    for (int64_t j = 0; j < g->ne[1]; j++) {
+        int32_t r;
+        memcpy(&r, ELT(idx, j, 0, 0, 0), 4);
+        if (r < 0 || r >= d->ne[1]) continue;
+        for (int64_t i = 0; i < d->ne[0]; i++) {
+            char *p = ELT(d, i, r, 0, 0);
+            store_f32(p, d->type, load_f32(p, d->type) + load_f32(ELT(g, i, j, 0, 0), g->type));
+        }
+    }
+}
+
+ATTR static int FN(out_prod)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    /* out[j][i] = sum_t b[t][j] a[t][i]: the GEMM with N = b.ne0, M = a.ne0, K = a.ne1 */
+    const int64_t K = a->ne[1], M = a->ne[0], N = b->ne[0];
+    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    if ((double)M * (double)N * (double)K < 65536.0 * 4) nth = 1;
+    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
+            const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
+            const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
+            float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
+            int rc = FN(gemm)(ap, a->type, a->nb[0], a->nb[1], bp, b->nb[0], b->nb[1], dp, d->nb[1] / 4, M, N, K, nth);
+            if (rc) return rc;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------ gated linear units
+   act: a unary op code (RELU, GELU, SILU, GELU_ERF, GELU_QUICK) or -1 for SWIGLU_OAI.
+   b NULL: each row of a is split into halves x | g (swapped: g | x). */
+ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const csimd_tensor *a,
+                         const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        const char *xr = ELT(a, 0, i1, i2, i3), *gr;
+        int gt;
+        int64_t gnb;
+        if (b) {
+            gr = ELT(b, 0, i1, i2, i3); gt = b->type; gnb = b->nb[0];
+        } else {
+            gr = xr + n0 * a->nb[0]; gt = a->type; gnb = a->nb[0];
+            if (swapped) { const char *t = xr; xr = gr; gr = t; }
+        }
+        char *dr = ELT(d, 0, i1, i2, i3);
+        for (int64_t i = 0; i < n0; i++) {
+            const float x = load_f32(xr + i * a->nb[0], a->type);
+            const double g = load_f32(gr + i * gnb, gt);
+            double r;
+            if (act < 0) {
+                const double xc = x < limit ? (double)x : limit;
+                const double gc = g < -limit ? -limit : g > limit ? limit : g;
+                r = xc / (1.0 + exp(-alpha * xc)) * (gc + 1.0);
+            } else {
+                r = FN(uop)(act, x, 0.0, 0.0) * g;
+            }
+            store_f64(dr + i * d->nb[0], d->type, r);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ index maps (F32): 0 PAD (p = lp0..lp3, circular),
+   1 PAD_REFLECT_1D (p[0] = p0), 2 DIAG */
+ATTR static void FN(index_map)(int mode, const int64_t *p, int circular, const csimd_tensor *a, const csimd_tensor *d,
+                               int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        for (int64_t i0 = 0; i0 < n0; i0++) {
+            int64_t j[4] = {i0, i1, i2, i3};
+            int inside = 1;
+            if (mode == 0) {
+                for (int k = 0; k < 4; k++) {
+                    j[k] -= p[k];
+                    if (circular) j[k] = ((j[k] % a->ne[k]) + a->ne[k]) % a->ne[k];
+                    else if (j[k] < 0 || j[k] >= a->ne[k]) inside = 0;
+                }
+            } else if (mode == 1) {
+                j[0] -= p[0];
+                if (j[0] < 0) j[0] = -j[0];
+                if (j[0] >= a->ne[0]) j[0] = 2 * (a->ne[0] - 1) - j[0];
+                if (j[0] < 0 || j[0] >= a->ne[0]) inside = 0;
+            } else {
+                inside = i0 == i1;
+                j[1] = 0;
+            }
+            float v = 0.0f;
+            if (inside) memcpy(&v, ELT(a, j[0], j[1], j[2], j[3]), 4);
+            memcpy(dr + i0 * d->nb[0], &v, 4);
+        }
+    }
+}
+
+ATTR static void FN(arange)(double start, double step, const csimd_tensor *d) {
+    for (int64_t i = 0; i < d->ne[0]; i++) {
+        double t = (double)i * step;
+        __asm__("" : "+m"(t)); /* no fused multiply-add: round as the reference does */
+        float v = (float)(start + t);
+        memcpy(ELT(d, i, 0, 0, 0), &v, 4);
+    }
+}
+
+/* ARGMAX of each row of a matrix: ties go to the last index, a NaN wins (the last NaN), as the reference */
+ATTR static void FN(argmax)(const csimd_tensor *a, const csimd_tensor *d) {
+    for (int64_t r = 0; r < a->ne[1]; r++) {
+        int64_t best = a->ne[0] - 1;
+        float bv;
+        memcpy(&bv, ELT(a, best, r, 0, 0), 4);
+        for (int64_t i = a->ne[0] - 2; i >= 0 && bv == bv; i--) {
+            float v;
+            memcpy(&v, ELT(a, i, r, 0, 0), 4);
+            if (v > bv || v != v) { bv = v; best = i; }
+        }
+        int32_t o = (int32_t)best;
+        memcpy(ELT(d, r, 0, 0, 0), &o, 4);
+    }
+}
+
+/* ------------------------------------------------------------ XIELU, timestep embedding, group norm */
+ATTR static void FN(xielu)(double an, double ap, double beta, double eps, const csimd_tensor *a,
+                           const csimd_tensor *d, int nth) {
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(d, ir, &i1, &i2, &i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        for (int64_t i = 0; i < n0; i++) {
+            const double x = load_f32(ar + i * a->nb[0], a->type);
+            double r;
+            if (x > 0) r = ap * x * x + beta * x;
+            else r = (expm1(x < eps ? x : eps) - x) * an + beta * x;
+            store_f64(dr + i * d->nb[0], d->type, r);
+        }
+    }
+}
+
+ATTR static void FN(timestep_embedding)(double max_period, const csimd_tensor *t, const csimd_tensor *d, int nth) {
+    const int64_t dim = d->ne[0], half = dim / 2, n = d->ne[1];
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t i = 0; i < n; i++) {
+        float tv;
+        memcpy(&tv, ELT(t, i, 0, 0, 0), 4);
+        char *dr = ELT(d, 0, i, 0, 0);
+        for (int64_t j = 0; j < half; j++) {
+            const double arg = (double)tv * exp(-log(max_period) * (double)j / (double)half);
+            float c = (float)cos(arg), s = (float)sin(arg);
+            memcpy(dr + j * d->nb[0], &c, 4);
+            memcpy(dr + (half + j) * d->nb[0], &s, 4);
+        }
+        if (dim % 2) { float z = 0.0f; memcpy(dr + (dim - 1) * d->nb[0], &z, 4); }
+    }
+}
+
+ATTR static void FN(group_norm)(int64_t n_groups, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t C = a->ne[2], per = (C + n_groups - 1) / n_groups, ng = (C + per - 1) / per;
+    const int64_t items = a->ne[3] * ng;
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 1) if (nth > 1)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t i3 = it / ng, c0 = (it % ng) * per, c1 = c0 + per < C ? c0 + per : C;
+        double s = 0, q = 0;
+        int64_t cnt = 0;
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t i1 = 0; i1 < a->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < a->ne[0]; i0++) {
+                    float v;
+                    memcpy(&v, ELT(a, i0, i1, c, i3), 4);
+                    s += v;
+                    cnt++;
+                }
+        const double mean = cnt ? s / (double)cnt : 0.0;
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t i1 = 0; i1 < a->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < a->ne[0]; i0++) {
+                    float v;
+                    memcpy(&v, ELT(a, i0, i1, c, i3), 4);
+                    q += ((double)v - mean) * ((double)v - mean);
+                }
+        const double sc = 1.0 / sqrt(q / (double)cnt + (double)eps);
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t i1 = 0; i1 < a->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < a->ne[0]; i0++) {
+                    float v;
+                    memcpy(&v, ELT(a, i0, i1, c, i3), 4);
+                    v = (float)(((double)v - mean) * sc);
+                    memcpy(ELT(d, i0, i1, c, i3), &v, 4);
+                }
+    }
+}
+#undef NV
+#undef KC
+#undef NCB
+#undef MCB
+#undef FN
+#undef VF
+#undef VFU
+#undef VI
+#undef VL

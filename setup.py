@@ -1,0 +1,68 @@
+"""Builds the optional C extension of the csimd backend (prism_csimd._csimd, cffi API mode).
+
+Everything else is declared in pyproject.toml. The extension is optional: when it cannot be
+compiled (no C compiler, no OpenMP, a failing compiler) the install still succeeds, a warning
+is printed, and the csimd backend reports itself unavailable with the reason.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that retries without OpenMP and then gives up quietly on failure."""
+
+    failed: set[str] = set()
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+            return
+        except Exception as e:  # noqa: BLE001 - CompileError, LinkError, missing compiler, ...
+            first = e
+        if "-fopenmp" in ext.extra_compile_args:
+            ext.extra_compile_args = [f for f in ext.extra_compile_args if f != "-fopenmp"]
+            ext.extra_link_args = [f for f in ext.extra_link_args if f != "-fopenmp"]
+            try:
+                super().build_extension(ext)
+                sys.stderr.write(f"warning: {ext.name} built without OpenMP ({first})\n")
+                return
+            except Exception as e:  # noqa: BLE001
+                first = e
+        self.failed.add(ext.name)
+        sys.stderr.write(f"warning: the optional extension {ext.name} was not built ({type(first).__name__}: "
+                         f"{first}); the csimd backend will report itself unavailable\n")
+
+    def _without_failed(self, method):
+        keep = self.extensions
+        self.extensions = [e for e in keep if e.name not in self.failed]
+        try:
+            return method()
+        finally:
+            self.extensions = keep
+
+    def copy_extensions_to_source(self):
+        return self._without_failed(super().copy_extensions_to_source)
+
+    def get_outputs(self):
+        return self._without_failed(super().get_outputs)
+
+    def get_output_mapping(self):
+        return self._without_failed(super().get_output_mapping)
+
+
+kwargs = {}
+try:
+    import cffi  # noqa: F401 - a build requirement; without it the backend is simply not built
+
+    if os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "build_csimd.py")):
+        kwargs["cffi_modules"] = ["csrc/build_csimd.py:ffibuilder"]
+    else:
+        sys.stderr.write("warning: csrc/build_csimd.py is missing; the csimd backend's extension is not built\n")
+except ImportError:
+    sys.stderr.write("warning: cffi is missing; the csimd backend's extension is not built\n")
+
+setup(cmdclass={"build_ext": OptionalBuildExt}, **kwargs)

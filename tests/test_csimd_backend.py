@@ -1,0 +1,322 @@
+"""The csimd backend (C kernels in csrc/, cffi API mode): discovery, the unavailable path,
+conformance on every ISA path this CPU runs, no fallbacks for the hot ops, numerics of
+mul_mat against NumPy, Python-side view validation, and a sanitizer (ASan+UBSan) run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+
+ROOT = Path(__file__).resolve().parents[1]
+# Subprocesses start in tests/, not the repository root: a stale prism_tensor.egg-info left in the
+# root by an old build would otherwise shadow the installed entry points (the current directory
+# comes first on sys.path for `python -c` and `python -m`).
+RUN_DIR = str(Path(__file__).resolve().parent)
+ISAS = ("scalar", "avx2", "avx512")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("PRISM_BACKEND", "PRISM_CSIMD_ISA", "PRISM_CSIMD_LIBRARY"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _info():
+    return next((i for i in pc.backends() if i.name == "csimd"), None)
+
+
+def _need_available():
+    info = _info()
+    assert info is not None, [i.name for i in pc.backends()]
+    if not info.available:
+        pytest.skip(f"csimd unavailable here: {info.reason}")
+    return pc.backend("csimd")
+
+
+def _cpu_isas() -> list[str]:
+    _need_available()
+    from prism_csimd import kernels
+    return list(ISAS[: kernels._state["lib"].csimd_cpu_isa() + 1])
+
+
+def test_discovered_via_entry_point():
+    info = _info()
+    assert info is not None, [i.name for i in pc.backends()]
+    assert info.plugin.startswith("csimd (prism_csimd")  # from the entry point, not registered in-process
+    assert info.priority == 40
+    if info.available:
+        assert info.version.split("+")[-1] in ISAS  # the active path, shown by prism info
+        assert pc.backend("csimd").threads >= 1
+    else:
+        assert info.reason  # unavailable always says why
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"PRISM_CSIMD_ISA": "bogus"}, "PRISM_CSIMD_ISA='bogus' is not one of"),
+    ({"PRISM_CSIMD_LIBRARY": "/nonexistent/_csimd.so"}, "prism_csimd._csimd is not available"),
+    ({"PRISM_NUM_THREADS": "zero"}, "PRISM_NUM_THREADS"),
+], ids=["bad-isa", "module-missing", "bad-threads"])
+def test_unavailable_with_reason_does_not_break_other_backends(env, needle):
+    code = ("import prism_core as pc\n"
+            "i = next(i for i in pc.backends() if i.name == 'csimd')\n"
+            "print('AVAILABLE', i.available)\nprint('REASON', i.reason)\n"
+            "n = next(i for i in pc.backends() if i.name == 'numpy')\nprint('NUMPY', n.available)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(**env), cwd=RUN_DIR, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "AVAILABLE False" in r.stdout and needle in r.stdout and "NUMPY True" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numpy", "--op", "ADD",
+                        "-q"], env=_env(**env), cwd=RUN_DIR, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "info"], env=_env(**env),
+                       cwd=RUN_DIR, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "UNAVAILABLE" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_higher_path_than_the_cpu_runs_is_refused():
+    have = _cpu_isas()
+    if len(have) == len(ISAS):
+        pytest.skip("this CPU runs every path")
+    code = ("import prism_core as pc; i = next(i for i in pc.backends() if i.name == 'csimd'); "
+            "print(i.available, i.reason)")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(PRISM_CSIMD_ISA=ISAS[-1]), cwd=RUN_DIR,
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.startswith("False") and "asks for more than this CPU runs" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode", ["forward", "grad"])
+@pytest.mark.parametrize("isa", ISAS)
+def test_conformance_on_every_isa_path(isa, mode):
+    if isa not in _cpu_isas():
+        pytest.skip(f"this CPU cannot run the {isa} path")
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "csimd", "--mode", mode],
+                       env=_env(PRISM_CSIMD_ISA=isa), cwd=RUN_DIR, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    summary = next(line for line in r.stdout.splitlines() if line.startswith("csimd:"))
+    assert " 0 failed" in summary and " 0 timed out" in summary, summary
+    info = subprocess.run([sys.executable, "-m", "prism_core.cli", "info"], env=_env(PRISM_CSIMD_ISA=isa),
+                          cwd=RUN_DIR, capture_output=True, text=True, timeout=120).stdout
+    assert f"+{isa}" in next(line for line in info.splitlines() if line.strip().startswith("csimd")), info
+
+
+def test_random_cases_on_the_default_path():
+    _need_available()
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "csimd", "--random", "30",
+                        "--seed", "11", "-q"], env=_env(), cwd=RUN_DIR, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def _heavy_graph(ctx: pc.Context, rng: np.random.Generator) -> pc.Tensor:
+    w = ctx.from_numpy(rng.standard_normal((48, 96)).astype(np.float32))
+    x = ctx.from_numpy(rng.standard_normal((2, 3, 70, 96)).astype(np.float32))
+    bias = ctx.from_numpy(rng.standard_normal(48).astype(np.float32))
+    h = pc.add(pc.rms_norm(pc.mul_mat(w, x), eps=1e-6), bias)
+    return pc.soft_max_ext(h, scale=0.5)
+
+
+def test_hot_ops_are_computed_by_csimd_itself():
+    be = _need_available()
+    ctx = pc.Context()
+    out = _heavy_graph(ctx, np.random.default_rng(1))
+    graph = pc.Graph().expand(out)
+    keys = {n.opdef.key for n in graph.nodes if n.opdef is not None and not n.opdef.view_only}
+    assert keys == {"MUL_MAT", "RMS_NORM", "ADD", "SOFT_MAX"}
+    for n in graph.nodes:
+        if n.opdef is not None and not n.opdef.view_only:
+            assert be.supports(n), n.label
+    report = pc.compute(graph, "csimd", strict=True)
+    assert report.fallbacks == [] and report.computed == 4
+    ref = _heavy_graph(pc.Context(), np.random.default_rng(1))
+    pc.compute(ref, "numpy")
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,k,m", [(1, 1, 1), (3, 77, 45), (1, 2048, 64), (7, 13, 5), (37, 300, 70), (129, 517, 33),
+                                   (64, 256, 512)])
+def test_mul_mat_matches_numpy(n, k, m):
+    _need_available()
+    rng = np.random.default_rng(n * 1000 + k + m)
+    a = rng.standard_normal((m, k)).astype(np.float32)  # ggml a: [k, m]
+    b = rng.standard_normal((n, k)).astype(np.float32)  # ggml b: [k, n]
+    ctx = pc.Context()
+    y = pc.mul_mat(ctx.from_numpy(a), ctx.from_numpy(b))
+    pc.compute(y, "csimd", strict=True)
+    ref = b.astype(np.float64) @ a.astype(np.float64).T
+    np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def test_mul_mat_batch_broadcast_and_transposed_input():
+    _need_available()
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 1, 9, 40)).astype(np.float32)  # ne [40, 9, 1, 2]
+    b = rng.standard_normal((2, 3, 11, 40)).astype(np.float32)
+    ctx = pc.Context()
+    bt = pc.transpose(ctx.from_numpy(np.ascontiguousarray(np.swapaxes(b, -1, -2))))  # a permuted view of b
+    y = pc.mul_mat(ctx.from_numpy(a), bt)
+    pc.compute(y, "csimd", strict=True)
+    ref = b.astype(np.float64) @ np.swapaxes(np.repeat(a, 3, axis=1), -1, -2)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_threads_do_not_change_results():
+    be = _need_available()
+    results = []
+    for n in ("1", "2"):
+        os.environ["PRISM_NUM_THREADS"] = n
+        os.environ["PRISM_CSIMD_SERIAL_WORK"] = "0"
+        try:
+            out = _heavy_graph(pc.Context(), np.random.default_rng(2))
+            pc.compute(out, be, strict=True)
+            assert be.threads == int(n)
+            results.append(out.numpy())
+        finally:
+            del os.environ["PRISM_NUM_THREADS"], os.environ["PRISM_CSIMD_SERIAL_WORK"]
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_unsupported_nodes_fall_back_openly():
+    be = _need_available()
+    ctx = pc.Context()
+    a = ctx.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+    y = pc.cpy(a, ctx.new_tensor(pc.I32, (4, 3)))  # float -> integer: the reference's
+    assert not be.supports(y)
+    report = pc.compute(y, "csimd")
+    assert report.fell_back == ["CPY"]
+    row0 = pc.view_1d(a, 4)
+    assert not be.supports(pc.add_inplace(a, row0))  # partial aliasing: the reference
+
+
+@pytest.mark.parametrize("t", [pc.F16, pc.BF16])
+def test_half_conversions_round_like_the_reference_bit_for_bit(t):
+    _need_available()
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([rng.standard_normal(527) * 10.0 ** rng.integers(-9, 6, 527),
+                           [0.0, -0.0, 65504.0, 65519.0, 65520.0, 7e4, 1e-8, 6e-8, -3e-5, 0.5, np.inf, -np.inf]])
+    vals = vals.astype(np.float32)
+
+    def build(ctx):
+        a = ctx.from_numpy(vals.reshape(-1, 11), t)
+        f = ctx.from_numpy(vals.reshape(-1, 11), pc.F32)
+        rows = len(vals) // 11
+        return [pc.cpy(f, ctx.new_tensor(t, (11, rows))), pc.cpy(a, ctx.new_tensor(pc.F32, (11, rows))),
+                pc.scale_bias(a, 0.7, 0.1), pc.get_rows(a, ctx.from_numpy(np.array([3, 0, 5], np.int32)))]
+
+    outs = {}
+    for name in ("csimd", "numpy"):
+        ctx = pc.Context()
+        nodes = build(ctx)
+        g = pc.Graph()
+        for n in nodes:
+            g.expand(n)
+        report = pc.compute(g, name, strict=name == "csimd")
+        assert report.fallbacks == []
+        outs[name] = [n.host().copy() for n in nodes]
+    for got, ref in zip(outs["csimd"], outs["numpy"]):
+        np.testing.assert_array_equal(got.view(np.uint8), ref.view(np.uint8))
+
+
+def test_views_outside_their_buffer_are_refused_before_any_call():
+    _need_available()
+    from prism_csimd import kernels
+
+    ctx = pc.Context()
+    t = ctx.new_tensor(pc.F32, (8, 4))
+    kernels.check_view(t)  # fine
+    storage = t.storage()
+    fake = SimpleNamespace(type=pc.F32, traits=t.traits, ne=(8, 5, 1, 1), nb=(4, 32, 160, 160), view_offs=0,
+                           storage=lambda: storage, label="fake")
+    with pytest.raises(pc.errors.InvalidArgument, match="exceeds its buffer"):
+        kernels.check_view(fake)
+    fake.ne, fake.view_offs = (8, 4, 1, 1), 2
+    with pytest.raises(pc.errors.InvalidArgument, match="not aligned"):
+        kernels.check_view(fake)
+    fake.view_offs, fake.nb = 0, (4, -32, 128, 128)
+    with pytest.raises(pc.errors.InvalidArgument, match="negative"):
+        kernels.check_view(fake)
+
+
+def _sanitizer_runtime() -> tuple[str, str] | None:
+    cc = shutil.which("gcc")
+    if cc is None:
+        return None
+    libs = []
+    for name in ("libasan.so", "libubsan.so"):
+        p = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not p or not os.path.isabs(p) or not os.path.exists(p):
+            return None
+        libs.append(p)
+    return libs[0], libs[1]
+
+
+def test_sanitized_build_runs_conformance_clean(tmp_path):
+    """The whole conformance suite (forward and gradients) on every ISA path, with the module
+    built with -fsanitize=address,undefined and the runtimes preloaded (csrc/README.md)."""
+    _need_available()
+    rt = _sanitizer_runtime()
+    if rt is None:
+        pytest.skip("no gcc with libasan/libubsan here: the sanitizer runtime is not present")
+    pytest.importorskip("cffi")
+    build = subprocess.run([sys.executable, str(ROOT / "csrc" / "build_csimd.py"), "--sanitize", "--out",
+                            str(tmp_path)], cwd=RUN_DIR, capture_output=True, text=True, timeout=600)
+    if build.returncode != 0:
+        pytest.skip(f"the sanitized build failed here: {build.stderr[-2000:]}")
+    lib = build.stdout.strip().splitlines()[-1]
+    env = _env(LD_PRELOAD=" ".join(rt), ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", PRISM_CSIMD_LIBRARY=lib)
+    probe = subprocess.run([sys.executable, "-c", "print(1)"], env=env, cwd=RUN_DIR, capture_output=True, text=True,
+                           timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"this Python cannot run with the sanitizer runtime preloaded: {probe.stderr[-500:]}")
+    which = subprocess.run([sys.executable, "-c", "import sys, prism_core as pc; pc.backend('csimd'); "
+                            "print(sys.modules['prism_csimd._csimd'].__file__)"], env=env, cwd=RUN_DIR,
+                           capture_output=True, text=True, timeout=120)
+    assert which.returncode == 0 and which.stdout.strip() == lib, which.stdout + which.stderr  # the sanitized build
+    for isa in _cpu_isas():
+        env["PRISM_CSIMD_ISA"] = isa
+        for mode in ("forward", "grad"):
+            r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "csimd",
+                                "--mode", mode, "-q"], env=env, cwd=RUN_DIR, capture_output=True, text=True,
+                               timeout=900)
+            out = r.stdout + r.stderr
+            assert "Sanitizer" not in out and "runtime error" not in out, out[-6000:]
+            assert r.returncode == 0, out[-4000:]
+            assert " 0 failed" in out, out[-2000:]
+
+
+def test_c_entry_points_refuse_inconsistent_descriptors():
+    """Defence in depth: even past the Python checks, a C entry point given extents that do not
+    fit together returns an error code and writes nothing."""
+    _need_available()
+    from prism_csimd import kernels
+
+    ffi, lib = kernels._state["ffi"], kernels._state["lib"]
+    bufs = {n: np.zeros(64, np.float32) for n in ("a", "b", "d")}
+    bufs["d"][:] = 7.0
+
+    def t(name, ne):
+        d = ffi.new("csimd_tensor *")
+        d.data = ffi.cast("char *", ffi.from_buffer(bufs[name]))
+        d.ne = list(ne)
+        d.nb = [4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]]
+        d.type = 0
+        return d
+
+    assert lib.csimd_binary(0, t("a", (8, 2, 1, 1)), t("b", (3, 1, 1, 1)), t("d", (8, 2, 1, 1)), 1) == -1  # 3 ∤ 8
+    assert lib.csimd_unary(2, 0.0, 0.0, t("a", (8, 2, 1, 1)), t("d", (8, 4, 1, 1)), 1) == -1
+    assert lib.csimd_mul_mat(t("a", (8, 4, 1, 1)), t("b", (5, 2, 1, 1)), t("d", (4, 2, 1, 1)), 1) == -1  # K differs
+    assert lib.csimd_cpy(t("a", (8, 2, 1, 1)), t("d", (8, 3, 1, 1)), 1) == -1
+    assert lib.csimd_norm(1, 1e-6, t("a", (8, 2, 1, 1)), t("d", (4, 2, 1, 1)), 1) == -1
+    assert (bufs["d"] == 7.0).all()
+    assert lib.csimd_binary(0, t("a", (8, 2, 1, 1)), t("b", (8, 1, 1, 1)), t("d", (8, 2, 1, 1)), 1) == 0
+    assert (bufs["d"][:16] == 0.0).all() and (bufs["d"][16:] == 7.0).all()  # a valid call writes its output only
