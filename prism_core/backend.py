@@ -40,6 +40,14 @@ class Backend:
         d = node.opdef
         return d is not None and d.key in self.kernels
 
+    def prepare(self, node: Tensor) -> Callable[[], None] | None:
+        """Optional: a zero-argument callable computing ``node`` with everything resolved
+        (arrays bound, branches taken), or None for the general ``compute(node)``.
+
+        A plan calls it once per node after assigning memory and keeps the node and its
+        sources in that memory for as long as the callable is used."""
+        return None
+
     def compute(self, node: Tensor) -> None:
         """Compute one node, writing into its memory. Raises Unsupported if it cannot."""
         kernel = self.kernels.get(node.opdef.key) if node.opdef is not None else None

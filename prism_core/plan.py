@@ -12,12 +12,16 @@ plan then only calls kernels.
 After a planned compute, only protected tensors hold meaningful values: intermediate
 buffers have been overwritten by later nodes (flag a tensor with ``set_output`` to keep
 it). A plan describes the graph as it was when planned; plan again after changing it.
+Backends may prepare each node's call once (:meth:`Backend.prepare`); a plan restores
+the storage its calls were prepared with before computing, so several plans over shared
+tensors stay correct.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -83,14 +87,19 @@ class Plan:
     naive_bytes: int = 0  # what giving every result its own buffer takes
     inplace_reuses: int = 0
     arena: np.ndarray | None = None
+    calls: list[Callable[[], None]] = field(default_factory=list)  # one per step, prepared
+    bindings: list[tuple[Tensor, np.ndarray]] = field(default_factory=list)  # storage each tensor must have
 
     @property
     def peak_bytes(self) -> int:
         return self.arena_bytes + self.protected_bytes
 
     def compute(self) -> Plan:
-        for fn, node in self.steps:
-            fn(node)
+        for t, storage in self.bindings:  # another plan over the same tensors may have moved them
+            if t._storage is not storage:
+                t._storage = storage
+        for call in self.calls:
+            call()
         return self
 
     def summary(self) -> str:
@@ -108,6 +117,18 @@ def _bound_kernel(be: Backend, node: Tensor) -> Callable[[Tensor], None]:
     return be.compute
 
 
+def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
+    """Fix every tensor's storage, then let each backend prepare its nodes' calls."""
+    seen: set[int] = set()
+    for _, node in p.steps:
+        for t in (node, *node.src):
+            if t is not None and id(t.base) not in seen:
+                seen.add(id(t.base))
+                p.bindings.append((t.base, t.storage()))
+    for (fn, node), be in zip(p.steps, owners):
+        p.calls.append(be.prepare(node) or partial(fn, node))
+
+
 def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False,
          reuse: bool = True, keep_grads: bool = True) -> Plan:
     """Resolve kernels and assign memory for ``graph`` on ``backend`` (see module doc).
@@ -117,7 +138,7 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
     if isinstance(graph, Tensor):
         graph = Graph(capacity=1 << 20).expand(graph)
     be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
-    steps, fallbacks = [], []
+    steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:
         d = node.opdef
@@ -125,6 +146,7 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
             continue
         if be.supports(node):
             steps.append((_bound_kernel(be, node), node))
+            owners.append(be)
             continue
         if strict:
             raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
@@ -132,9 +154,11 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
         if not reference.supports(node):
             raise Unsupported(f"neither {be.name!r} nor the reference can compute {node.label}")
         steps.append((_bound_kernel(reference, node), node))
+        owners.append(reference)
         fallbacks.append(Fallback(node, "not supported"))
     p = Plan(graph, be, steps, fallbacks)
     _assign_memory(p, reuse, keep_grads)
+    _prepare_calls(p, owners)
     return p
 
 

@@ -105,3 +105,43 @@ def test_keep_grads_false_lets_optimizer_consumed_gradients_share_memory():
         g.expand(pc.opt_step_adamw(p, g.grad(p), ctx.new_tensor(pc.F32, p.ne), ctx.new_tensor(pc.F32, p.ne), opt))
     kept, shared = pc.plan(g, "numpy"), pc.plan(g, "numpy", keep_grads=False)
     assert shared.peak_bytes < kept.peak_bytes
+
+
+@pytest.mark.parametrize("build", [
+    lambda a, b: pc.add(a, b), lambda a, b: pc.sub(a, b), lambda a, b: pc.mul(a, b),
+    lambda a, b: pc.add(a, pc.view_1d(b, 6)), lambda a, b: pc.add_inplace(a, b),
+    lambda a, b: pc.neg(a), lambda a, b: pc.abs(a), lambda a, b: pc.sqr(a), lambda a, b: pc.relu(a),
+    lambda a, b: pc.cont(pc.transpose(a)), lambda a, b: pc.dup(a), lambda a, b: pc.cpy(a, b),
+], ids=["add", "sub", "mul", "add-row-broadcast", "add-inplace", "neg", "abs", "sqr", "relu", "cont", "dup", "cpy"])
+def test_prepared_reference_calls_match_the_general_kernels_bit_for_bit(build):
+    rng = np.random.default_rng(5)
+    values = [rng.normal(0, 1e3, (4, 6)).astype(np.float32) for _ in range(2)]
+    results = []
+    for planned in (False, True):
+        ctx = pc.Context()
+        a, b = (ctx.from_numpy(v) for v in values)
+        y = build(a, b)
+        if planned:
+            p = pc.plan(y, "numpy")
+            assert len(p.calls) == len(p.steps)
+            p.compute()
+        else:
+            pc.compute(y, "numpy")
+        results.append(y.numpy().copy())
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_a_plan_restores_the_memory_another_plan_moved():
+    ctx = pc.Context()
+    x = ctx.from_numpy(np.arange(4, dtype=np.float32))
+    mid = pc.sqr(x)                                  # an intermediate in both graphs
+    first = pc.add(mid, x).set_output()
+    second = pc.mul(pc.add(mid, mid), x).set_output()
+    g1, g2 = pc.Graph().expand(first), pc.Graph().expand(second)
+    p1, p2 = pc.plan(g1, "numpy"), pc.plan(g2, "numpy")   # planning g2 rebinds mid
+    p1.compute()
+    np.testing.assert_array_equal(first.numpy(), np.arange(4) ** 2 + np.arange(4))
+    p2.compute()
+    np.testing.assert_array_equal(second.numpy(), 2 * np.arange(4) ** 3)
+    p1.compute()
+    np.testing.assert_array_equal(first.numpy(), np.arange(4) ** 2 + np.arange(4))

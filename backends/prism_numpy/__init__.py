@@ -11,7 +11,7 @@ import numpy as np
 
 import prism_core
 
-from .kernels import KERNELS
+from .kernels import KERNELS, prepare
 
 
 class NumpyBackend(prism_core.Backend):
@@ -20,6 +20,9 @@ class NumpyBackend(prism_core.Backend):
     priority = 10
     is_reference = True
     kernels = KERNELS
+
+    def prepare(self, node: prism_core.Tensor):
+        return prepare(node)
 
 
 @prism_core.hookimpl

@@ -497,3 +497,31 @@ def _glu(n: Tensor) -> None:
 
 
 from . import kernels_attn, kernels_conv  # noqa: E402,F401 - register their kernels
+
+# ---------------------------------------------------------------- prepared calls
+# For F32 operands these NumPy float32 operations are correctly rounded, so they give
+# bit for bit what the float64 kernels above give after their single rounding; a plan
+# binds them once per node (Backend.prepare) to avoid the per-call conversions.
+_EXACT_F32_BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply}
+_EXACT_F32_UNARY = {"NEG": np.negative, "ABS": np.abs, "SQR": np.square}
+
+
+def prepare(n: Tensor):
+    if n.opdef is None or n.type != F32 or any(s is not None and s.type != F32 for s in n.src):
+        return None
+    key, out = n.opdef.key, n.host()
+    if key in _EXACT_F32_BINARY:
+        a, b = n.src[0].host(), n.src[1].host()
+        if any(nb not in (1, na) for nb, na in zip(b.shape, a.shape)):
+            return None  # ggml's modulo broadcast of a b extent > 1: the general kernel tiles it
+        f = _EXACT_F32_BINARY[key]
+        return lambda: f(a, b, out=out)
+    a = n.src[0].host() if n.src else None
+    if key in _EXACT_F32_UNARY:
+        f = _EXACT_F32_UNARY[key]
+        return lambda: f(a, out=out)
+    if key == "RELU":
+        return lambda: np.maximum(a, np.float32(0), out=out)
+    if key in ("DUP", "CONT", "CPY") and a.shape == out.shape:
+        return lambda: np.copyto(out, a)
+    return None

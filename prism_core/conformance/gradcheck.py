@@ -26,8 +26,8 @@ from ..context import Context
 from ..errors import Unsupported
 from ..graph import Graph
 from ..optable import OPS, OpDef
+from ..plan import plan
 from ..registry import REGISTRY
-from ..schedule import compute
 from ..tensor import Tensor
 from ..types import F32
 from .cases import registrar
@@ -276,10 +276,11 @@ def run_grad_case(case: GradCase, backend: Backend) -> CaseResult:
         return CaseResult(case, backend.name, UNSUPPORTED, f"does not support {', '.join(missing)}")
     try:
         reset(graph)
-        compute(graph, backend, strict=True)
+        plan(graph, backend, strict=True, reuse=False).compute()
         analytic = [graph.grad(p).numpy().astype(np.float64) if graph.grad(p) is not None else None
                     for p in params]
         numeric = []
+        forward_plan = plan(forward, backend, strict=True, reuse=False)
         for p in params:
             values = p.numpy().astype(np.float64)
             num = np.zeros_like(values)
@@ -289,7 +290,7 @@ def run_grad_case(case: GradCase, backend: Backend) -> CaseResult:
                     v = values.copy()
                     v[idx] += step * case.h
                     p.set(v)
-                    compute(forward, backend, strict=True)
+                    forward_plan.compute()
                     f[step] = _loss_value(loss)
                 num[idx] = (8 * f[0.5] + f[-1.0] - 8 * f[-0.5] - f[1.0]) / (6 * case.h)
             p.set(values)

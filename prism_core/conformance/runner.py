@@ -33,6 +33,7 @@ from ..backend import Backend
 from ..context import Context
 from ..errors import Unsupported
 from ..graph import Graph
+from ..plan import plan
 from ..registry import REGISTRY
 from ..schedule import compute
 from ..tensor import Tensor
@@ -298,7 +299,7 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
         return CaseResult(case, name, UNSUPPORTED, f"does not support {keys}", detail=detail)
     snap = _Snapshot(ctx, graph, built)
     try:
-        run_isolated(lambda: compute(graph, backend, strict=True), timeout)
+        run_isolated(lambda: plan(graph, backend, strict=True, reuse=False).compute(), timeout)
     except TimeoutError as e:
         return CaseResult(case, name, TIMEOUT, f"{e}; the kernel is still running in an abandoned thread "
                           "(a hung kernel cannot be stopped in-process)", detail=detail)
