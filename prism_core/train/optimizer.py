@@ -13,7 +13,7 @@ An :class:`OptContext` is built once from a model (``inputs`` -> ``outputs`` in 
   parameter (last to first), all sharing one ``opt_step_params`` tensor of 7 (AdamW) or 2
   (SGD) values that :meth:`OptContext.eval` fills from the ``get_opt_pars`` callback.
 
-Every graph runs through :func:`prism_core.compute` on the context's backend.
+Every graph is planned once (:func:`prism_core.plan`) on the context's backend and computed through its plan.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from ..backend import Backend
 from ..context import Context
 from ..errors import InvalidArgument, TypeMismatch
 from ..graph import Graph
+from ..plan import Plan, plan
 from ..registry import REGISTRY
-from ..schedule import compute
 from ..tensor import Flag, Tensor
 from ..types import F32, I32, I64
 from .metrics import Result
@@ -224,6 +224,7 @@ class OptContext:
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.backend = _resolve_backend(backend)
+        self._plans: dict[int, Plan] = {}  # id(graph) -> its plan, made on first eval
         self.ctx = ctx
         self.inputs = inputs
         self.outputs = outputs
@@ -400,7 +401,10 @@ class OptContext:
         is_opt = graph is self.gb_opt
         if is_opt:
             self._fill_opt_step_params()  # raises before anything is computed
-        compute(graph, self.backend)
+        planned = self._plans.get(id(graph))
+        if planned is None:  # kernels, fallbacks and memory resolved once per graph
+            planned = self._plans[id(graph)] = plan(graph, self.backend)
+        planned.compute()
         self.iter += int(is_opt)
         self.opt_i = (self.opt_i + 1) % self.opt_period
         self.eval_ready = False
