@@ -13,6 +13,7 @@ import numpy as np
 
 from prism_core import GluOp, SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
+from prism_core.semantics import alibi_slopes
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
@@ -250,18 +251,6 @@ kernel((ONLY_F32,), ONLY_F32, "NORM", "RMS_NORM", "L2_NORM", "DIAG_MASK_INF", "D
 def _group_norm(n: Tensor) -> None:
     _run("group_norm", arr(n.src[0]), arr(n), int(n.params["n_groups"]), float(n.params["eps"]))
 kernel((ONLY_F32, ONLY_F32), ONLY_F32, "RMS_NORM_BACK", "SOFT_MAX_BACK")(_rows)
-
-
-def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
-    """Per-head ALiBi slopes as ggml computes them (all 1 when max_bias is 0); the same
-    formula as the reference backend's."""
-    if max_bias <= 0:
-        return np.ones(n_head)
-    n_log2 = 2 ** math.floor(math.log2(n_head))
-    m0 = 2.0 ** (-max_bias / n_log2)
-    m1 = 2.0 ** (-max_bias / 2 / n_log2)
-    h = np.arange(n_head)
-    return np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1))
 
 
 @kernel((ONLY_F32, frozenset({F32, F16}), ONLY_F32), ONLY_F32, "SOFT_MAX")

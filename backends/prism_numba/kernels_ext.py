@@ -16,9 +16,10 @@ from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.ops import RopeMode
 from prism_core.optable_conv import PoolOp, ScaleMode
+from prism_core.semantics import alibi_slopes
 from prism_core.types import F16, F32, I32, I64
 
-from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, alibi_slopes, arr, kernel, kind, lut
+from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut
 
 F32_F16 = frozenset({F32, F16})
 MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)

@@ -14,6 +14,7 @@ import numpy as np
 
 from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
+from prism_core.semantics import alibi_slopes
 from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
@@ -309,17 +310,6 @@ def _diag_mask(n: Tensor) -> None:
 
 
 # ---------------------------------------------------------------- softmax and loss
-def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
-    """Per-head ALiBi slopes as ggml computes them (all 1 when max_bias is 0)."""
-    if max_bias <= 0:
-        return np.ones(n_head)
-    n_log2 = 2 ** math.floor(math.log2(n_head))
-    m0 = 2.0 ** (-max_bias / n_log2)
-    m1 = 2.0 ** (-max_bias / 2 / n_log2)
-    h = np.arange(n_head)
-    return np.where(h < n_log2, m0 ** (h + 1), m1 ** (2 * (h - n_log2) + 1))
-
-
 @kernel("SOFT_MAX")
 def _soft_max(n: Tensor) -> None:
     a, mask, sinks = n.src[0], n.src[1] if len(n.src) > 1 else None, n.src[2] if len(n.src) > 2 else None

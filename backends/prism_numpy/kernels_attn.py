@@ -9,9 +9,10 @@ import numpy as np
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.ops import RopeMode
+from prism_core.semantics import alibi_slopes
 from prism_core.types import from_f32
 
-from .kernels import alibi_slopes, kernel, store, val
+from .kernels import kernel, store, val
 
 
 def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
