@@ -1,6 +1,7 @@
 /* prism csimd: the kernels compiled three times (scalar, AVX2+FMA+F16C, AVX-512) and
    chosen at run time from the CPU's features; no -march flag is needed to build. */
 #include "csimd_common.h"
+#include <float.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CSIMD_X86 1
@@ -344,4 +345,287 @@ int csimd_group_norm(int64_t n_groups, float eps, const csimd_tensor *a, const c
     nth = clamp_threads(nth);
     CALL(group_norm, n_groups, eps, a, d, nth)
     return 0;
+}
+
+/* ARGSORT of each row (F32 -> I32): a stable merge sort; DESC sorts the negated values, so a
+   NaN goes last in both orders and equal values keep their index order, as the reference */
+static int argsort_lt(float x, float y) { return x < y || (x == x && y != y); }
+
+int csimd_argsort(int descending, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    if (!nonneg(a) || !nonneg(d) || !same_ne(a, d) || a->type != CSIMD_F32 || d->type != CSIMD_I32 ||
+        a->ne[0] > INT32_MAX)
+        return -1;
+    const int64_t n0 = a->ne[0], nr = a->ne[1] * a->ne[2] * a->ne[3];
+    if (n0 == 0 || nr == 0) return 0;
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *v = (float *)malloc((size_t)n0 * 2 * sizeof(float));
+        int32_t *ix = (int32_t *)malloc((size_t)n0 * 2 * sizeof(int32_t));
+        if (!v || !ix) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < nr; r++) {
+            if (!v || !ix) continue;
+            const int64_t i1 = r % a->ne[1], i2 = (r / a->ne[1]) % a->ne[2], i3 = r / (a->ne[1] * a->ne[2]);
+            float *vs = v, *vt = v + n0;
+            int32_t *is = ix, *it = ix + n0;
+            for (int64_t i = 0; i < n0; i++) {
+                float x;
+                memcpy(&x, ELT(a, i, i1, i2, i3), 4);
+                vs[i] = descending ? -x : x;
+                is[i] = (int32_t)i;
+            }
+            for (int64_t w = 1; w < n0; w *= 2) {
+                for (int64_t lo = 0; lo < n0; lo += 2 * w) {
+                    const int64_t mid = lo + w < n0 ? lo + w : n0, hi = lo + 2 * w < n0 ? lo + 2 * w : n0;
+                    int64_t p = lo, q = mid, o = lo;
+                    while (p < mid && q < hi) {
+                        if (argsort_lt(vs[q], vs[p])) { vt[o] = vs[q]; it[o++] = is[q++]; }
+                        else { vt[o] = vs[p]; it[o++] = is[p++]; }
+                    }
+                    while (p < mid) { vt[o] = vs[p]; it[o++] = is[p++]; }
+                    while (q < hi) { vt[o] = vs[q]; it[o++] = is[q++]; }
+                }
+                float *tv = vs; vs = vt; vt = tv;
+                int32_t *ti = is; is = it; it = ti;
+            }
+            for (int64_t i = 0; i < n0; i++) memcpy(ELT(d, i, i1, i2, i3), &is[i], 4);
+        }
+        free(v);
+        free(ix);
+    }
+    return failed ? -2 : 0;
+}
+
+/* SET_ROWS: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to d's type (d is the
+   destination's memory; the other rows are left as they are). Indices are checked first. */
+int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int nth) {
+    if (!nonneg(b) || !nonneg(c) || !nonneg(d) || c->type != CSIMD_I32 || d->type == CSIMD_I32 ||
+        b->type == CSIMD_I32 || b->ne[0] != d->ne[0] || b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] ||
+        c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 || c->ne[2] <= 0)
+        return -1;
+    const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
+    for (int64_t k = 0; k < c->ne[2]; k++)
+        for (int64_t j = 0; j < c->ne[1]; j++)
+            for (int64_t i = 0; i < m; i++) {
+                int32_t r;
+                memcpy(&r, ELT(c, i, j, k, 0), 4);
+                if (r < 0 || r >= d->ne[1]) return -1;
+            }
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t jk = 0; jk < nj * nk; jk++) {
+        const int64_t j = jk % nj, k = jk / nj;
+        for (int64_t i = 0; i < m; i++) {
+            int32_t r;
+            memcpy(&r, ELT(c, i, j % c->ne[1], k % c->ne[2], 0), 4);
+            if (b->type == d->type && b->nb[0] == type_size(b->type) && d->nb[0] == type_size(d->type)) {
+                memmove(ELT(d, 0, r, j, k), ELT(b, 0, i, j, k), (size_t)n0 * type_size(d->type));
+            } else {
+                for (int64_t e = 0; e < n0; e++) store_f32(ELT(d, e, r, j, k), d->type, load_f32(ELT(b, e, i, j, k), b->type));
+            }
+        }
+    }
+    return 0;
+}
+
+/* MUL_MAT_ID: d[:, e, t] = as[:, :, ids[e, t]] x b[:, e mod b.ne[1], t] (each token through its
+   chosen experts); dot products accumulated in double */
+int csimd_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,
+                     int nth) {
+    if (!nonneg(w) || !nonneg(b) || !nonneg(ids) || !nonneg(d) || ids->type != CSIMD_I32 || d->type != CSIMD_F32 ||
+        w->type == CSIMD_I32 || b->type == CSIMD_I32 || w->ne[3] != 1 || b->ne[3] != 1 || w->ne[0] != b->ne[0] ||
+        b->ne[1] <= 0 || ids->ne[1] != b->ne[2] || d->ne[0] != w->ne[1] || d->ne[1] != ids->ne[0] ||
+        d->ne[2] != ids->ne[1])
+        return -1;
+    const int64_t K = w->ne[0], M = w->ne[1], n_used = ids->ne[0], n_tok = ids->ne[1], nb1 = b->ne[1];
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t e = 0; e < n_used; e++) {
+            int32_t x;
+            memcpy(&x, ELT(ids, e, t, 0, 0), 4);
+            if (x < 0 || x >= w->ne[2]) return -1;
+        }
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t et = 0; et < n_used * n_tok; et++) {
+        const int64_t e = et % n_used, t = et / n_used;
+        int32_t x;
+        memcpy(&x, ELT(ids, e, t, 0, 0), 4);
+        for (int64_t m = 0; m < M; m++) {
+            double s = 0.0;
+            if (w->type == CSIMD_F32 && b->type == CSIMD_F32 && w->nb[0] == 4 && b->nb[0] == 4) {
+                const float *wr = (const float *)ELT(w, 0, m, x, 0), *br = (const float *)ELT(b, 0, e % nb1, t, 0);
+                for (int64_t k = 0; k < K; k++) s += (double)wr[k] * br[k];
+            } else {
+                for (int64_t k = 0; k < K; k++)
+                    s += (double)load_f32(ELT(w, k, m, x, 0), w->type) * load_f32(ELT(b, k, e % nb1, t, 0), b->type);
+            }
+            const float v = (float)s;
+            memcpy(ELT(d, m, e, t, 0), &v, 4);
+        }
+    }
+    return 0;
+}
+
+/* COUNT_EQUAL: the number of equal elements of two I32 tensors of one shape, as an I64 scalar */
+int csimd_count_equal(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !same_ne(a, b) || a->type != CSIMD_I32 || b->type != CSIMD_I32 ||
+        d->type != CSIMD_I64)
+        return -1;
+    const int64_t n0 = a->ne[0], nr = a->ne[1] * a->ne[2] * a->ne[3];
+    int64_t total = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1) reduction(+ : total)
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t i1 = r % a->ne[1], i2 = (r / a->ne[1]) % a->ne[2], i3 = r / (a->ne[1] * a->ne[2]);
+        int64_t cnt = 0;
+        for (int64_t i = 0; i < n0; i++) {
+            int32_t x, y;
+            memcpy(&x, ELT(a, i, i1, i2, i3), 4);
+            memcpy(&y, ELT(b, i, i1, i2, i3), 4);
+            cnt += x == y;
+        }
+        total += cnt;
+    }
+    memcpy(d->data, &total, 8);
+    return 0;
+}
+
+/* POOL_1D (k1 = s1 = 1, p1 = 0, every row of a on its own; AVG: the mean of the taps inside a) and
+   POOL_2D (planes of ne0 x ne1; AVG: the sum over k0*k1, padding counted). MAX starts from -FLT_MAX
+   and lets a NaN through; sums in double, taps in row-major order, as the reference */
+int csimd_pool(int dims2, int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1,
+               const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    if (!nonneg(a) || !nonneg(d) || d->type != CSIMD_F32 || (a->type != CSIMD_F32 && a->type != CSIMD_F16) ||
+        k0 < 1 || k1 < 1 || s0 < 1 || s1 < 1 || p0 < 0 || p1 < 0 || d->ne[2] != a->ne[2] || d->ne[3] != a->ne[3])
+        return -1;
+    if (!dims2 && (k1 != 1 || s1 != 1 || p1 != 0 || d->ne[1] != a->ne[1])) return -1;
+    const int64_t W = a->ne[0], H = a->ne[1], OW = d->ne[0], OH = d->ne[1];
+    const int64_t nr = OH * d->ne[2] * d->ne[3];
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t oy = r % OH, i2 = (r / OH) % d->ne[2], i3 = r / (OH * d->ne[2]);
+        for (int64_t ox = 0; ox < OW; ox++) {
+            double sum = 0.0, cnt = 0.0;
+            float mx = -FLT_MAX;
+            for (int64_t ky = 0; ky < k1; ky++) {
+                const int64_t y = dims2 ? oy * s1 + ky - p1 : oy;
+                for (int64_t kx = 0; kx < k0; kx++) {
+                    const int64_t x = ox * s0 + kx - p0;
+                    if (y < 0 || y >= H || x < 0 || x >= W) continue;
+                    const float v = load_f32(ELT(a, x, y, i2, i3), a->type);
+                    if (v > mx || v != v) { if (mx == mx) mx = v; }
+                    sum += v;
+                    cnt += 1.0;
+                }
+            }
+            const float o = op_max ? mx : (float)(dims2 ? sum / (double)(k0 * k1) : sum / cnt);
+            memcpy(ELT(d, ox, oy, i2, i3), &o, 4);
+        }
+    }
+    return 0;
+}
+
+/* IM2COL: 2D d[ic*KH*KW + kh*KW + kw, ox, oy, n] = b[ox*s0 + kw*d0 - p0, oy*s1 + kh*d1 - p1, ic, n];
+   1D (KH = 1) d[ic*KW + kw, ox, n, 0] = b[ox*s0 + kw*d0 - p0, ic, n, 0]; taps outside b read 0 */
+int csimd_im2col(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t KH,
+                 int64_t KW, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    if (!nonneg(b) || !nonneg(d) || b->type == CSIMD_I32 || b->type == CSIMD_I64 ||
+        (d->type != CSIMD_F32 && d->type != CSIMD_F16) || KH < 1 || KW < 1 || s0 < 0 || s1 < 0 || d0 < 0 ||
+        d1 < 0 || p0 < 0 || p1 < 0)
+        return -1;
+    if (!is2d) { KH = 1; s1 = 1; p1 = 0; d1 = 1; }
+    const int64_t IW = b->ne[0], IH = is2d ? b->ne[1] : 1, IC = is2d ? b->ne[2] : b->ne[1];
+    const int64_t N = is2d ? b->ne[3] : b->ne[2], OW = d->ne[1], OH = is2d ? d->ne[2] : 1;
+    if (d->ne[0] != IC * KH * KW || (is2d ? d->ne[3] : d->ne[2]) != N || (!is2d && (b->ne[3] != 1 || d->ne[3] != 1)))
+        return -1;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t r = 0; r < N * OH * OW; r++) {
+        const int64_t ox = r % OW, oy = (r / OW) % OH, n = r / (OW * OH);
+        for (int64_t ic = 0; ic < IC; ic++)
+            for (int64_t kh = 0; kh < KH; kh++) {
+                const int64_t y = oy * s1 + kh * d1 - p1;
+                for (int64_t kw = 0; kw < KW; kw++) {
+                    const int64_t x = ox * s0 + kw * d0 - p0, col = (ic * KH + kh) * KW + kw;
+                    float v = 0.0f;
+                    if (x >= 0 && x < IW && y >= 0 && y < IH)
+                        v = is2d ? load_f32(ELT(b, x, y, ic, n), b->type) : load_f32(ELT(b, x, ic, n, 0), b->type);
+                    store_f32(is2d ? ELT(d, col, ox, oy, n) : ELT(d, col, ox, n, 0), d->type, v);
+                }
+            }
+    }
+    return 0;
+}
+
+/* POOL_2D_BACK: d (F32, x's extents) = the adjoint of POOL_2D at x; MAX sends each grad to the first
+   strictly greatest tap of its window (none when no tap beats -FLT_MAX), AVG spreads grad/(k0*k1) over
+   the taps inside x; sums per plane in double, in the reference's order */
+int csimd_pool_2d_back(int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1,
+                       const csimd_tensor *g, const csimd_tensor *x, const csimd_tensor *d, int nth) {
+    if (!nonneg(g) || !nonneg(x) || !nonneg(d) || !same_ne(x, d) || d->type != CSIMD_F32 ||
+        (g->type != CSIMD_F32 && g->type != CSIMD_F16) || (x->type != CSIMD_F32 && x->type != CSIMD_F16) ||
+        k0 < 1 || k1 < 1 || s0 < 1 || s1 < 1 || p0 < 0 || p1 < 0 || g->ne[2] != x->ne[2] || g->ne[3] != x->ne[3])
+        return -1;
+    const int64_t W = x->ne[0], H = x->ne[1], OW = g->ne[0], OH = g->ne[1], np_ = x->ne[2] * x->ne[3];
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        double *acc = (double *)malloc((size_t)(W * H > 0 ? W * H : 1) * sizeof(double));
+        if (!acc) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < np_; pl++) {
+            if (!acc) continue;
+            const int64_t i2 = pl % x->ne[2], i3 = pl / x->ne[2];
+            for (int64_t i = 0; i < W * H; i++) acc[i] = 0.0;
+            if (op_max) {
+                for (int64_t oy = 0; oy < OH; oy++)
+                    for (int64_t ox = 0; ox < OW; ox++) {
+                        float best = -FLT_MAX;
+                        int64_t where = -1;
+                        for (int64_t ky = 0; ky < k1; ky++) {
+                            const int64_t y = oy * s1 + ky - p1;
+                            if (y < 0 || y >= H) continue;
+                            for (int64_t kx = 0; kx < k0; kx++) {
+                                const int64_t xx = ox * s0 + kx - p0;
+                                if (xx < 0 || xx >= W) continue;
+                                const float v = load_f32(ELT(x, xx, y, i2, i3), x->type);
+                                if (v > best) { best = v; where = y * W + xx; }
+                            }
+                        }
+                        if (where >= 0) acc[where] += (double)load_f32(ELT(g, ox, oy, i2, i3), g->type);
+                    }
+            } else {
+                for (int64_t ky = 0; ky < k1; ky++)
+                    for (int64_t kx = 0; kx < k0; kx++)
+                        for (int64_t oy = 0; oy < OH; oy++) {
+                            const int64_t y = oy * s1 + ky - p1;
+                            if (y < 0 || y >= H) continue;
+                            for (int64_t ox = 0; ox < OW; ox++) {
+                                const int64_t xx = ox * s0 + kx - p0;
+                                if (xx < 0 || xx >= W) continue;
+                                acc[y * W + xx] +=
+                                    (double)load_f32(ELT(g, ox, oy, i2, i3), g->type) / (double)(k0 * k1);
+                            }
+                        }
+            }
+            for (int64_t y = 0; y < H; y++)
+                for (int64_t xx = 0; xx < W; xx++) {
+                    const float o = (float)acc[y * W + xx];
+                    memcpy(ELT(d, xx, y, i2, i3), &o, 4);
+                }
+        }
+        free(acc);
+    }
+    return failed ? -2 : 0;
 }

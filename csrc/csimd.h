@@ -8,6 +8,7 @@
 #define CSIMD_F16 1
 #define CSIMD_BF16 2
 #define CSIMD_I32 3
+#define CSIMD_I64 4 /* COUNT_EQUAL's result only */
 
 /* A strided 4-D tensor view, ggml order: ne[0] innermost; nb in bytes.
    The Python side validates that every addressed byte lies inside the buffer. */
@@ -50,4 +51,14 @@ int csimd_argmax(const csimd_tensor *a, const csimd_tensor *d);
 int csimd_xielu(double an, double ap, double beta, double eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
 int csimd_timestep_embedding(double max_period, const csimd_tensor *t, const csimd_tensor *d, int nth);
 int csimd_group_norm(int64_t n_groups, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_argsort(int descending, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int nth);
+int csimd_count_equal(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_pool(int dims2, int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1,
+               const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_im2col(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t KH,
+                 int64_t KW, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_pool_2d_back(int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0, int64_t p1,
+                       const csimd_tensor *g, const csimd_tensor *x, const csimd_tensor *d, int nth);
+int csimd_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d, int nth);
 #endif

@@ -687,6 +687,44 @@ ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const 
     return 0;
 }
 
+/* small N (a few dozen rows of b): b packed once, whole, then the threads split M in panels of NR
+   columns, each packing its own panels of A; a single barrier, so the result does not depend on
+   how fast sleeping OpenMP workers wake up */
+ATTR static int FN(gemm_small_n)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn,
+                                 int64_t bnk, float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+    const int64_t pb = (N + MR - 1) / MR, pa = (M + NR - 1) / NR;
+    float *Bpack = (float *)csimd_alloc((size_t)pb * (size_t)K * MR * 4);
+    if (!Bpack) return -2;
+    int failed = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < pb; q++) {
+            const int64_t n0 = q * MR, nn = N - n0 < MR ? N - n0 : MR;
+            FN(pack_b)(Bpack + q * K * MR, b, bnn, bnk, n0, nn, 0, K);
+        }
+        float *Ap = (float *)csimd_alloc((size_t)KC * NR * 4);
+        if (!Ap) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pa; p++) {
+            if (!Ap) continue;
+            const int64_t m0 = p * NR, mn = M - m0 < NR ? M - m0 : NR;
+            for (int64_t pc = 0; pc < K; pc += KC) {
+                const int64_t kc = K - pc < KC ? K - pc : KC;
+                FN(pack_a)(Ap, a, at, anm, ank, m0, mn, pc, kc);
+                for (int64_t q = 0; q < pb; q++) {
+                    const int64_t n0 = q * MR, nn = N - n0 < MR ? N - n0 : MR;
+                    FN(micro)(kc, Ap, Bpack + q * K * MR + pc * MR, C + n0 * ldc + m0, ldc, pc == 0, nn, mn);
+                }
+            }
+        }
+        free(Ap);
+    }
+    free(Bpack);
+    return failed ? -2 : 0;
+}
+
 /* few rows of b (N small): dot products straight from memory, no packing; parallel over M */
 ATTR static float FN(dot)(const float *restrict x, const float *restrict y, int64_t n) {
     VF acc[4] = {{0}, {0}, {0}, {0}};
@@ -702,14 +740,75 @@ ATTR static float FN(dot)(const float *restrict x, const float *restrict y, int6
     return (float)s;
 }
 
+ATTR static inline float FN(hsum)(VF v) {
+    float s = 0.0f;
+#pragma GCC unroll 16
+    for (int j = 0; j < VL; j++) s += v[j];
+    return s;
+}
+
+/* GR rows of a against one row of b: a streamed once per row of b, b shared from registers/L1 */
+#ifndef GR
+#define GR 8
+#endif
+#ifndef GU
+#define GU 2
+#endif
+ATTR static void FN(gemvr)(const char *a, int64_t anm, const float *restrict y, float *out, int64_t K) {
+    const float *restrict r[GR];
+    VF c[GR][GU];
+#pragma GCC unroll 16
+    for (int j = 0; j < GR; j++) {
+        r[j] = (const float *)(a + j * anm);
+#pragma GCC unroll 4
+        for (int u = 0; u < GU; u++) c[j][u] = (VF){0};
+    }
+    int64_t i = 0;
+    for (; i + GU * VL <= K; i += GU * VL) {
+        VF yv[GU];
+#pragma GCC unroll 4
+        for (int u = 0; u < GU; u++) yv[u] = *(const VFU *)(y + i + u * VL);
+#pragma GCC unroll 16
+        for (int j = 0; j < GR; j++)
+#pragma GCC unroll 4
+            for (int u = 0; u < GU; u++) c[j][u] += *(const VFU *)(r[j] + i + u * VL) * yv[u];
+    }
+    for (; i + VL <= K; i += VL) {
+        const VF y0 = *(const VFU *)(y + i);
+#pragma GCC unroll 16
+        for (int j = 0; j < GR; j++) c[j][0] += *(const VFU *)(r[j] + i) * y0;
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < GR; j++) {
+        VF t = c[j][0];
+#pragma GCC unroll 4
+        for (int u = 1; u < GU; u++) t += c[j][u];
+        float sj = FN(hsum)(t);
+        for (int64_t q = i; q < K; q++) sj += r[j][q] * y[q];
+        out[j] = sj;
+    }
+}
+
 ATTR static void FN(gemv)(const char *a, int64_t anm, const char *b, int64_t bnn, float *C, int64_t ldc, int64_t M,
                           int64_t N, int64_t K, int nth) {
     (void)nth;
+    const int64_t mb = M / GR;
+    /* rows of a split evenly over the threads in blocks of GR; a is read once per row of b */
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (int64_t m = 0; m < M; m++)
+    for (int64_t q = 0; q < mb; q++) {
+        const int64_t m = q * GR;
+        for (int64_t n = 0; n < N; n++) {
+            float o[GR];
+            FN(gemvr)(a + m * anm, anm, (const float *)(b + n * bnn), o, K);
+            for (int j = 0; j < GR; j++) C[n * ldc + m + j] = o[j];
+        }
+    }
+    for (int64_t m = mb * GR; m < M; m++)
         for (int64_t n = 0; n < N; n++)
             C[n * ldc + m] = FN(dot)((const float *)(a + m * anm), (const float *)(b + n * bnn), K);
 }
+#undef GR
+#undef GU
 
 ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
@@ -724,7 +823,12 @@ ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const 
                 FN(gemv)(ap, a->nb[1], bp, b->nb[1], dp, d->nb[1] / 4, M, N, K, nth);
                 continue;
             }
-            int rc = FN(gemm)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N, K, nth);
+            int rc;
+            if (N <= 64 && K > 0 && K * ((N + MR - 1) / MR * MR) <= ((int64_t)1 << 24))
+                rc = FN(gemm_small_n)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N,
+                                      K, nth);
+            else
+                rc = FN(gemm)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N, K, nth);
             if (rc) return rc;
         }
     return 0;

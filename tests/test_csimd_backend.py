@@ -143,7 +143,8 @@ def test_hot_ops_are_computed_by_csimd_itself():
 
 
 @pytest.mark.parametrize("n,k,m", [(1, 1, 1), (3, 77, 45), (1, 2048, 64), (7, 13, 5), (37, 300, 70), (129, 517, 33),
-                                   (64, 256, 512)])
+                                   (64, 256, 512), (2, 35, 10), (4, 2051, 7), (3, 64, 4), (33, 1000, 67),
+                                   (64, 300, 1000)])
 def test_mul_mat_matches_numpy(n, k, m):
     _need_available()
     rng = np.random.default_rng(n * 1000 + k + m)
@@ -320,3 +321,74 @@ def test_c_entry_points_refuse_inconsistent_descriptors():
     assert (bufs["d"] == 7.0).all()
     assert lib.csimd_binary(0, t("a", (8, 2, 1, 1)), t("b", (8, 1, 1, 1)), t("d", (8, 2, 1, 1)), 1) == 0
     assert (bufs["d"][:16] == 0.0).all() and (bufs["d"][16:] == 7.0).all()  # a valid call writes its output only
+
+
+@pytest.mark.parametrize("order", ["ASC", "DESC"])
+def test_argsort_is_stable_with_ties_nan_and_signed_zero(order):
+    _need_available()
+    rng = np.random.default_rng(11)
+    x = rng.integers(-3, 4, size=(2, 3, 5, 37)).astype(np.float32)
+    x[0, 0, 0, 5] = np.nan
+    x[0, 0, 0, 9] = np.nan
+    x[1, 2, 4, 0] = -0.0
+    x[1, 2, 4, 1] = 0.0
+    outs = []
+    for be in ("csimd", "numpy"):
+        ctx = pc.Context()
+        y = pc.argsort(ctx.from_numpy(x), order)
+        pc.compute(y, be, strict=(be == "csimd"))
+        outs.append(y.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dst_type", [pc.F32, pc.F16, pc.BF16])
+def test_set_rows_with_broadcast_indices_matches_the_reference(dst_type):
+    _need_available()
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((2, 3, 10, 8)).astype(np.float32)  # ne [8, 10, 3, 2]
+    b = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)  # ne [8, 4, 3, 2]
+    c = np.stack([rng.permutation(10)[:4] for _ in range(3)]).astype(np.int32).reshape(1, 1, 3, 4)  # ne [4, 3, 1, 1]
+    outs = []
+    for be in ("csimd", "numpy"):
+        ctx = pc.Context()
+        ta = ctx.from_numpy(a)
+        if dst_type != pc.F32:
+            ta = pc.cpy(ta, ctx.new_tensor(dst_type, (8, 10, 3, 2)))
+        y = pc.set_rows(ta, ctx.from_numpy(b), ctx.from_numpy(c))
+        out = pc.cpy(y, ctx.new_tensor(pc.F32, (8, 10, 3, 2)))
+        pc.compute(out, be, strict=(be == "csimd"))
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("w_type,n_b", [(pc.F32, 2), (pc.F16, 1), (pc.BF16, 2)])
+def test_mul_mat_id_matches_the_reference(w_type, n_b):
+    _need_available()
+    rng = np.random.default_rng(13)
+    w = rng.standard_normal((1, 5, 24, 70)).astype(np.float32)  # ne [70, 24, 5]: 5 experts
+    b = rng.standard_normal((1, 6, n_b, 70)).astype(np.float32)  # ne [70, n_b, 6 tokens]
+    ids = rng.integers(0, 5, size=(1, 1, 6, 2)).astype(np.int32)  # ne [2 used, 6 tokens]
+    outs = []
+    for be in ("csimd", "numpy"):
+        ctx = pc.Context()
+        tw = ctx.from_numpy(w)
+        if w_type != pc.F32:
+            tw = pc.cpy(tw, ctx.new_tensor(w_type, (70, 24, 5, 1)))
+        y = pc.mul_mat_id(tw, ctx.from_numpy(b), ctx.from_numpy(ids))
+        pc.compute(y, be, strict=(be == "csimd"))
+        outs.append(y.numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_count_equal_counts_over_strided_views():
+    _need_available()
+    rng = np.random.default_rng(14)
+    a = rng.integers(0, 3, size=(2, 3, 5, 7)).astype(np.int32)
+    b = rng.integers(0, 3, size=(2, 3, 7, 5)).astype(np.int32)
+    outs = []
+    for be in ("csimd", "numpy"):
+        ctx = pc.Context()
+        y = pc.count_equal(ctx.from_numpy(a), pc.transpose(ctx.from_numpy(b)))
+        pc.compute(y, be, strict=(be == "csimd"))
+        outs.append(int(y.numpy().reshape(-1)[0]))
+    assert outs[0] == outs[1] == int(np.count_nonzero(a == np.swapaxes(b, -1, -2)))

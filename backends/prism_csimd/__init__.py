@@ -11,8 +11,10 @@ Environment:
   string (``0.1.0+avx512``).
 * ``PRISM_NUM_THREADS=n``: OpenMP threads per kernel (default: all cores); nodes with little
   work run on one thread (``PRISM_CSIMD_SERIAL_WORK``, default 32768 elementary steps).
-* ``OMP_WAIT_POLICY``: set to ``PASSIVE`` when unset, before the extension (and with it the
-  OpenMP runtime) is loaded, so idle workers sleep instead of spinning.
+* ``GOMP_SPINCOUNT``: when neither it nor ``OMP_WAIT_POLICY`` is set, set to 30000
+  (``PRISM_CSIMD_SPINCOUNT`` overrides) before the extension (and with it the OpenMP runtime)
+  is loaded: idle workers spin briefly, then sleep. A process that loaded libgomp earlier
+  (e.g. PyTorch) keeps that runtime's settings.
 * ``PRISM_CSIMD_LIBRARY=/path/to/_csimd.*.so``: load that build of the extension instead of
   the installed one (the sanitized build: see csrc/README.md).
 """
@@ -45,6 +47,8 @@ REQUIRED_FUNCTIONS = (
     "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
     "csimd_diag_mask", "csimd_get_rows_back", "csimd_out_prod", "csimd_glu", "csimd_index_map", "csimd_arange",
     "csimd_argmax", "csimd_xielu", "csimd_timestep_embedding", "csimd_group_norm",
+    "csimd_argsort", "csimd_set_rows", "csimd_mul_mat_id", "csimd_count_equal", "csimd_pool", "csimd_im2col",
+    "csimd_pool_2d_back",
 )
 
 
@@ -54,10 +58,13 @@ def _load_module():
         return _loaded["module"]
     if "error" in _loaded:
         raise _loaded["error"]  # type: ignore[misc]
-    # OpenMP workers sleep instead of spinning between parallel regions: on a shared or busy
-    # machine spinning workers starve the ones doing the work (10x slowdowns were measured).
-    # Read by the OpenMP runtime when it is loaded; an explicit setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP workers spin briefly, then sleep, between parallel regions: long spinning (libgomp's
+    # default) starves the working threads on a shared or busy machine (10x slowdowns were
+    # measured), while sleeping at once (OMP_WAIT_POLICY=PASSIVE) made each hand-off a futex
+    # wake-up (matrix-vector products ran at 0.6x instead of 0.9x NumPy). Read by the OpenMP
+    # runtime when it is loaded; an explicit setting of either variable wins.
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = os.environ.get("PRISM_CSIMD_SPINCOUNT", "30000")
     try:
         path = os.environ.get(ENV_LIBRARY, "").strip()
         if path:
@@ -220,6 +227,9 @@ class CsimdBackend(prism_core.Backend):
             return False
         if key == "ARGMAX" and node.src[0].ne[2:] != (1, 1):
             return False
+        if key == "SET_ROWS" and (node.type != node.src[2].type or node.src[0].base is node.base
+                                  or node.src[1].base is node.base):
+            return False  # rows are read while others are written: the values must not share the destination
         if key in ("ACC", "SET"):
             b = node.src[1]
             try:
@@ -240,7 +250,8 @@ class CsimdBackend(prism_core.Backend):
         # REPEAT_BACK, GET_ROWS_BACK and OUT_PROD write their result before reading all of a source:
         # no overlap at all for them.
         strict = key in ("REPEAT_BACK", "GET_ROWS_BACK", "OUT_PROD", "MUL_MAT", "PAD", "PAD_REFLECT_1D", "DIAG",
-                         "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING")
+                         "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING",
+                         "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK")
         return all(s.base is not node.base or (not strict and _same_view(s, node)) for s in tensors[1:])
 
 

@@ -15,14 +15,14 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument, Unsupported
-from prism_core.types import BF16, F16, F32, I32, PLAIN_TYPES, GGMLType
+from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
-TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3}
+TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3, I64: 4}  # I64: COUNT_EQUAL's result only
 
 # op-table key -> (accepted types of each source, accepted result types).
 # A source beyond the tuple must be absent (None).
@@ -48,21 +48,24 @@ def view_extent(t: Tensor) -> tuple[int, int]:
 
 
 def _extent(offs: int, ne, nb, size: int) -> tuple[int, int]:
-    if any(n <= 0 for n in ne):
+    n0, n1, n2, n3 = ne
+    if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
         return offs, offs
-    return offs, offs + sum((n - 1) * s for n, s in zip(ne, nb)) + size
+    s0, s1, s2, s3 = nb
+    return offs, offs + (n0 - 1) * s0 + (n1 - 1) * s1 + (n2 - 1) * s2 + (n3 - 1) * s3 + size
 
 
 def _check_region(t: Tensor, offs: int, ne, nb, limit: int | None = None) -> None:
     """Raise InvalidArgument unless the region lies inside ``limit`` bytes (default: t's buffer)."""
-    size = t.traits.type_size
     if t.type not in TYPE_CODES:
         raise InvalidArgument(f"csimd: type {t.type!r} of {t.label} has no C kernel")
+    size = t.traits.type_size
     if len(ne) != 4 or len(nb) != 4:
         raise InvalidArgument(f"csimd: {t.label}: need 4 extents and 4 strides")
-    if any(n < 0 for n in ne) or any(s < 0 for s in nb) or offs < 0:
+    if min(ne) < 0 or min(nb) < 0 or offs < 0:
         raise InvalidArgument(f"csimd: {t.label}: negative extent, stride or offset")
-    if offs % size or any(s % size for s in nb):
+    s0, s1, s2, s3 = nb
+    if offs % size or s0 % size or s1 % size or s2 % size or s3 % size:
         raise InvalidArgument(f"csimd: {t.label}: offset/strides not aligned to {size} bytes")
     lo, hi = _extent(offs, ne, nb, size)
     limit = t.storage().nbytes if limit is None else limit
@@ -80,17 +83,14 @@ def desc(t: Tensor, keep: list, region: tuple[int, tuple, tuple] | None = None):
     """A validated csimd_tensor* for t (or for ``region`` = (byte offset from t's start,
     ne, nb) of t's buffer); the buffers it points into are kept alive in ``keep``."""
     offs, ne, nb = (t.view_offs, t.ne, t.nb) if region is None else (t.view_offs + region[0], *region[1:])
-    _check_region(t, offs, tuple(ne), tuple(nb))
-    ffi = _state["ffi"]
+    ne, nb = tuple(ne), tuple(nb)
     buf = t.storage()
+    _check_region(t, offs, ne, nb, buf.nbytes)
     if not buf.flags.writeable:
         raise InvalidArgument(f"csimd: {t.label}: read-only buffer")
+    ffi = _state["ffi"]
     base = ffi.from_buffer("char[]", buf, require_writable=True)
-    d = ffi.new("csimd_tensor *")
-    d.data = base + offs
-    d.ne = list(ne)
-    d.nb = list(nb)
-    d.type = TYPE_CODES[t.type]
+    d = ffi.new("csimd_tensor *", (base + offs, ne, nb, TYPE_CODES[t.type]))
     keep.append(buf)
     keep.append(base)
     return d
@@ -163,7 +163,7 @@ def _cpy(n: Tensor) -> None:
 # ------------------------------------------------------------------ rows
 @kernel((ONLY_F32, frozenset({F32, F16}), ONLY_F32), ONLY_F32, "SOFT_MAX")
 def _soft_max(n: Tensor) -> None:
-    from prism_numpy.kernels import alibi_slopes
+    from prism_core.semantics import alibi_slopes
 
     keep: list = []
     ffi = _state["ffi"]
@@ -426,6 +426,77 @@ def _group_norm(n: Tensor) -> None:
     keep: list = []
     _check(_lib().csimd_group_norm(int(n.params["n_groups"]), float(n.params["eps"]), desc(n.src[0], keep),
                                    desc(n, keep), _nth(3 * n.nelements)), "GROUP_NORM")
+
+
+@kernel((ONLY_F32,), INDICES, "ARGSORT")
+def _argsort(n: Tensor) -> None:
+    keep: list = []
+    descending = int(int(n.params["order"]) == 1)  # SortOrder.DESC
+    _check(_lib().csimd_argsort(descending, desc(n.src[0], keep), desc(n, keep),
+                                _nth(n.nelements * max(1, n.ne[0].bit_length()))), "ARGSORT")
+
+
+@kernel((frozenset({F32, F16}), INDICES, FLOATS), FLOATS, "SET_ROWS")
+def _set_rows(n: Tensor) -> None:
+    keep: list = []
+    b, c, a = n.src[0], n.src[1], n.src[2]
+    if n.type != a.type:
+        raise InvalidArgument("SET_ROWS: the result must have the destination's type")
+    idx = c.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
+        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    _check(_lib().csimd_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), _nth(b.nelements)), "SET_ROWS")
+
+
+@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID")
+def _mul_mat_id(n: Tensor) -> None:
+    keep: list = []
+    w, b, ids = n.src[0], n.src[1], n.src[2]
+    idx = ids.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= w.ne[2]):
+        raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
+    _check(_lib().csimd_mul_mat_id(desc(w, keep), desc(b, keep), desc(ids, keep), desc(n, keep),
+                                   _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
+
+
+@kernel((INDICES, INDICES), frozenset({I64}), "COUNT_EQUAL")
+def _count_equal(n: Tensor) -> None:
+    keep: list = []
+    _check(_lib().csimd_count_equal(desc(n.src[0], keep), desc(n.src[1], keep), desc(n, keep),
+                                    _nth(n.src[0].nelements)), "COUNT_EQUAL")
+
+
+@kernel((frozenset({F32, F16}),), ONLY_F32, "POOL_1D", "POOL_2D")
+def _pool(n: Tensor) -> None:
+    keep: list = []
+    p = n.params
+    dims2 = n.opdef.key == "POOL_2D"
+    k1, s1, p1 = (int(p["k1"]), int(p["s1"]), int(p["p1"])) if dims2 else (1, 1, 0)
+    _check(_lib().csimd_pool(int(dims2), int(int(p["op"]) == 0), int(p["k0"]), k1, int(p["s0"]), s1, int(p["p0"]), p1,
+                             desc(n.src[0], keep), desc(n, keep), _nth(n.nelements * int(p["k0"]) * k1)),
+           n.opdef.key)
+
+
+@kernel((FLOATS, FLOATS), frozenset({F32, F16}), "IM2COL")
+def _im2col(n: Tensor) -> None:
+    keep: list = []
+    p = n.params
+    a, b = n.src[0], n.src[1]
+    is2d = bool(p["is_2D"])
+    kh, kw = (a.ne[1], a.ne[0]) if is2d else (1, a.ne[0])
+    _check(_lib().csimd_im2col(int(is2d), int(p["s0"]), int(p["s1"]), int(p["p0"]), int(p["p1"]), int(p["d0"]),
+                               int(p["d1"]), int(kh), int(kw), desc(b, keep), desc(n, keep), _nth(n.nelements)),
+           "IM2COL")
+
+
+@kernel((frozenset({F32, F16}), frozenset({F32, F16})), ONLY_F32, "POOL_2D_BACK")
+def _pool_2d_back(n: Tensor) -> None:
+    keep: list = []
+    p = n.params
+    _check(_lib().csimd_pool_2d_back(int(int(p["op"]) == 0), int(p["k0"]), int(p["k1"]), int(p["s0"]), int(p["s1"]),
+                                     int(p["p0"]), int(p["p1"]), desc(n.src[0], keep), desc(n.src[1], keep),
+                                     desc(n, keep), _nth(n.src[0].nelements * int(p["k0"]) * int(p["k1"]))),
+           "POOL_2D_BACK")
 
 
 __all__ = ["KERNELS", "SUPPORT", "Unsupported", "check_view", "desc", "view_extent"]
