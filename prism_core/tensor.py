@@ -202,6 +202,15 @@ class Tensor:
     def same_shape(self, other: Tensor) -> bool:
         return self.ne == other.ne
 
+    def is_element_aligned(self) -> bool:
+        """Offset and strides are whole elements (what typed kernels can index)."""
+        size = self.traits.type_size
+        return self.view_offs % size == 0 and all(nb % size == 0 for nb in self.nb)
+
+    def same_view(self, other: Tensor) -> bool:
+        """Same type, extents, strides and offset: the same elements when the bases agree."""
+        return (self.view_offs, self.ne, self.nb, self.type) == (other.view_offs, other.ne, other.nb, other.type)
+
     # --------------------------------------------------------------- flags
     def set_input(self) -> Tensor:
         self.flags |= Flag.INPUT

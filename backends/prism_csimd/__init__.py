@@ -27,12 +27,12 @@ import sys
 
 import prism_core
 from prism_core import I32, Tensor
+from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, SUPPORT
 
 ENV_ISA = "PRISM_CSIMD_ISA"
-ENV_THREADS = "PRISM_NUM_THREADS"
 ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
@@ -83,30 +83,9 @@ def _load_module():
     return mod
 
 
-def requested_threads() -> int | None:
-    raw = os.environ.get(ENV_THREADS, "").strip()
-    if not raw:
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_THREADS}={raw!r} is not an integer") from None
-    if n < 1:
-        raise ValueError(f"{ENV_THREADS}={raw!r} must be at least 1")
-    return n
-
-
 def serial_work() -> int:
-    raw = os.environ.get(ENV_SERIAL_WORK, "").strip()
-    if not raw:
-        return SERIAL_WORK
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} is not an integer") from None
-    if n < 0:
-        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} must not be negative")
-    return n
+    """Nodes with fewer elementary steps than this run on one thread: ``$PRISM_CSIMD_SERIAL_WORK``."""
+    return env_int(ENV_SERIAL_WORK, SERIAL_WORK, 0)
 
 
 def _setup() -> tuple[bool, str]:
@@ -143,15 +122,6 @@ def _setup() -> tuple[bool, str]:
     threads = 1 if not lib.csimd_has_openmp() else (cores if n is None else n)
     _k._state.update(ffi=ffi, lib=lib, threads=threads, serial_work=sw, isa=ISA_NAMES[want])
     return True, ""
-
-
-def _aligned(t: Tensor) -> bool:
-    size = t.traits.type_size
-    return t.view_offs % size == 0 and all(nb % size == 0 for nb in t.nb)
-
-
-def _same_view(a: Tensor, b: Tensor) -> bool:
-    return a.view_offs == b.view_offs and a.ne == b.ne and a.nb == b.nb and a.type == b.type
 
 
 def _inside(t: Tensor) -> bool:
@@ -241,7 +211,7 @@ class CsimdBackend(prism_core.Backend):
         if key == "GET_ROWS_BACK" and (node.ne[2:] != (1, 1) or node.src[0].ne[2:] != (1, 1)
                                        or node.src[1].nelements != node.src[0].ne[1]):
             return False
-        if not all(t.nelements > 0 and _aligned(t) and _inside(t) for t in tensors):
+        if not all(t.nelements > 0 and t.is_element_aligned() and _inside(t) for t in tensors):
             return False
         if key in ("MUL_MAT", "OUT_PROD") and node.nb[0] != node.traits.type_size:
             return False
@@ -252,7 +222,7 @@ class CsimdBackend(prism_core.Backend):
         strict = key in ("REPEAT_BACK", "GET_ROWS_BACK", "OUT_PROD", "MUL_MAT", "PAD", "PAD_REFLECT_1D", "DIAG",
                          "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING",
                          "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK")
-        return all(s.base is not node.base or (not strict and _same_view(s, node)) for s in tensors[1:])
+        return all(s.base is not node.base or (not strict and s.same_view(node)) for s in tensors[1:])
 
 
 @prism_core.hookimpl

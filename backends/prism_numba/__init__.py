@@ -16,11 +16,11 @@ node) run on the calling thread alone: waking the pool costs more than they do.
 
 from __future__ import annotations
 
-import os
 from importlib import metadata
 
 import prism_core
 from prism_core import I32, Tensor
+from prism_core.settings import env_int, requested_threads
 
 from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
 from .kernels import KERNELS, SUPPORT
@@ -28,7 +28,6 @@ from .warmup import warm_up
 
 __all__ = ["NumbaBackend", "warm_up"]
 
-ENV_THREADS = "PRISM_NUM_THREADS"
 MIN_NUMBA = (0, 59)
 
 
@@ -50,43 +49,10 @@ def _work(node: Tensor) -> int:
     return node.nelements + sum(s.nelements for s in node.src if s is not None)
 
 
-def _aligned(t: Tensor) -> bool:
-    size = t.traits.type_size
-    return t.view_offs % size == 0 and all(nb % size == 0 for nb in t.nb)
-
-
-def _same_view(a: Tensor, b: Tensor) -> bool:
-    return a.view_offs == b.view_offs and a.ne == b.ne and a.nb == b.nb and a.type == b.type
-
-
-def requested_threads() -> int | None:
-    """The thread count asked for in ``$PRISM_NUM_THREADS`` (None when unset or empty).
-    Raises ValueError for anything but a positive integer."""
-    raw = os.environ.get(ENV_THREADS, "").strip()
-    if not raw:
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_THREADS}={raw!r} is not an integer") from None
-    if n < 1:
-        raise ValueError(f"{ENV_THREADS}={raw!r} must be at least 1")
-    return n
-
-
 def serial_work() -> int:
     """Nodes with fewer elementary steps than this run on one thread: ``$PRISM_NUMBA_SERIAL_WORK``
     (0 sends every node to the thread pool), else SERIAL_WORK. Raises ValueError when invalid."""
-    raw = os.environ.get(ENV_SERIAL_WORK, "").strip()
-    if not raw:
-        return SERIAL_WORK
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} is not an integer") from None
-    if n < 0:
-        raise ValueError(f"{ENV_SERIAL_WORK}={raw!r} must not be negative")
-    return n
+    return env_int(ENV_SERIAL_WORK, SERIAL_WORK, 0)
 
 
 class NumbaBackend(prism_core.Backend):
@@ -147,12 +113,12 @@ class NumbaBackend(prism_core.Backend):
             tensors.append(s)
         if d.key == "CPY" and node.type == I32 and node.src[0].type != I32:
             return False  # float -> integer conversions (NaN, out of range) go to the reference
-        if not all(t.nelements > 0 and _aligned(t) for t in tensors):
+        if not all(t.nelements > 0 and t.is_element_aligned() for t in tensors):
             return False
         # The kernels read and write element by element: a source may share the result's
         # memory only as the exact same view (in-place ops); any other overlap goes to the
         # reference, which reads its sources whole before writing.
-        return all(s.base is not node.base or _same_view(s, node) for s in tensors[1:])
+        return all(s.base is not node.base or s.same_view(node) for s in tensors[1:])
 
     def compute(self, node: Tensor) -> None:
         self._apply_threads(_work(node))
