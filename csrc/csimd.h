@@ -1,4 +1,4 @@
-/* prism csimd: public C interface (mirrored in build_csimd.py's cdef). */
+/* prism csimd: public C interface (build_csimd.py hands these declarations to cffi's cdef). */
 #ifndef PRISM_CSIMD_H
 #define PRISM_CSIMD_H
 #include <stdint.h>
