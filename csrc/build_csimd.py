@@ -41,7 +41,8 @@ def make_ffi(sanitize: bool | None = None, openmp: bool | None = None, relative:
     sanitize = _flag("CSIMD_SANITIZE") if sanitize is None else sanitize
     openmp = (not _flag("CSIMD_NO_OPENMP")) if openmp is None else openmp
     src_dir = Path("csrc") if relative and Path("csrc/csimd.c").is_file() else HERE
-    cflags = ["-O3", "-std=gnu11", "-fno-strict-aliasing", "-Wno-unknown-pragmas"]
+    # -fno-math-errno: sqrtf and friends compile to the vector instruction (no libm call for errno)
+    cflags = ["-O3", "-std=gnu11", "-fno-strict-aliasing", "-fno-math-errno", "-Wno-unknown-pragmas"]
     ldflags: list[str] = []
     if openmp:
         cflags.append("-fopenmp")

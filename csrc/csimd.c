@@ -84,6 +84,8 @@ static int blocks(const csimd_tensor *a, const csimd_tensor *b) {
     return a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0;
 }
 
+int csimd_abi_version(void) { return CSIMD_ABI_VERSION; }
+
 int csimd_cpu_isa(void) {
 #if CSIMD_X86
     __builtin_cpu_init();
@@ -209,21 +211,30 @@ int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_t
     return 0;
 }
 
-int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g, int back,
-                        int nth) {
+/* g: the upstream gradient (one F32 value) of the backward form; NULL for the loss itself */
+int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, const csimd_tensor *g,
+                        int back, int nth) {
     if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !same_ne(a, b) || (back ? !same_ne(a, d) : nelem(d) < 1)) return -1;
+    if (back && (!g || !nonneg(g) || g->type != CSIMD_F32 || nelem(g) < 1)) return -1;
+    float gv = 1.0f;
+    if (back) memcpy(&gv, g->data, 4);
     nth = clamp_threads(nth);
-    CALL(cross_entropy, a, b, d, g, back, nth)
+    CALL(cross_entropy, a, b, d, gv, back, nth)
     return 0;
 }
 
-int csimd_opt_step(int adamw, const float *p, const csimd_tensor *a, const csimd_tensor *g, const csimd_tensor *m,
-                   const csimd_tensor *v, const csimd_tensor *d, int nth) {
+/* p: the optimizer's F32 parameter vector (AdamW 7 values, SGD 2), read at call time */
+int csimd_opt_step(int adamw, const csimd_tensor *p, const csimd_tensor *a, const csimd_tensor *g,
+                   const csimd_tensor *m, const csimd_tensor *v, const csimd_tensor *d, int nth) {
+    const int count = adamw ? 7 : 2;
     if (!nonneg(a) || !nonneg(g) || !nonneg(m) || !nonneg(v) || !nonneg(d) || !same_ne(a, d) || !same_ne(g, d) ||
         !same_ne(m, d) || !same_ne(v, d))
         return -1;
+    if (!nonneg(p) || p->type != CSIMD_F32 || p->ne[0] < count) return -1;
+    float pv[7];
+    for (int i = 0; i < count; i++) memcpy(&pv[i], p->data + i * p->nb[0], 4);
     nth = clamp_threads(nth);
-    CALL(opt_step, adamw, p, a, g, m, v, d, nth)
+    CALL(opt_step, adamw, pv, a, g, m, v, d, nth)
     return 0;
 }
 

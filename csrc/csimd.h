@@ -3,6 +3,10 @@
 #define PRISM_CSIMD_H
 #include <stdint.h>
 
+/* bumped with every change of a function's signature or meaning: the Python side refuses a build
+   from other sources (same names, other arguments) instead of calling it wrongly */
+#define CSIMD_ABI_VERSION 2
+
 /* element types */
 #define CSIMD_F32 0
 #define CSIMD_F16 1
@@ -19,6 +23,7 @@ typedef struct {
     int type;
 } csimd_tensor;
 
+int csimd_abi_version(void);   /* CSIMD_ABI_VERSION: changes whenever a signature below changes */
 int csimd_cpu_isa(void);        /* best ISA this CPU runs: 0 scalar, 1 avx2+fma+f16c, 2 avx512 */
 int csimd_set_isa(int isa);     /* returns 0, or -1 when the CPU cannot run it */
 int csimd_get_isa(void);
@@ -33,8 +38,9 @@ int csimd_soft_max(const csimd_tensor *a, const csimd_tensor *mask, const csimd_
 int csimd_norm(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth);
 int csimd_cpy(const csimd_tensor *a, const csimd_tensor *d, int nth);
 int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth);
-int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g, int back, int nth);
-int csimd_opt_step(int adamw, const float *p, const csimd_tensor *a, const csimd_tensor *g,
+int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, const csimd_tensor *g,
+                        int back, int nth);
+int csimd_opt_step(int adamw, const csimd_tensor *p, const csimd_tensor *a, const csimd_tensor *g,
                    const csimd_tensor *m, const csimd_tensor *v, const csimd_tensor *d, int nth);
 int csimd_repeat(const csimd_tensor *a, const csimd_tensor *d, int nth);
 int csimd_reduce(int op, const csimd_tensor *a, const csimd_tensor *d, int nth);

@@ -35,6 +35,13 @@ ATTR static inline VF FN(vexp_neg)(VF x) {
     return (VF)((VI)res & ~under);
 }
 
+ATTR static inline float FN(hsum)(VF v) {
+    float s = 0.0f;
+#pragma GCC unroll 16
+    for (int j = 0; j < VL; j++) s += v[j];
+    return s;
+}
+
 /* ------------------------------------------------------------ row conversions */
 ATTR static void FN(row_to_f32)(float *restrict dst, const char *restrict src, int t, int64_t snb, int64_t n) {
     if (t == CSIMD_F32 && snb == 4) { memcpy(dst, src, (size_t)n * 4); return; }
@@ -257,7 +264,46 @@ ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     }
 }
 
+/* 1 / (1 + exp(-x)) from exp(-|x|) only (no overflow): sigmoid(|x|), or e sigmoid(|x|) for x < 0 */
+ATTR static inline VF FN(vsigmoid)(VF x) {
+    const VI neg = x < 0.0f;
+    const VF ax = (VF)((VI)x & ((VI){0} + 0x7fffffff)); /* |x| */
+    const VF e = FN(vexp_neg)(-ax);
+    const VF r = 1.0f / (1.0f + e);
+    return (VF)(((VI)(e * r) & neg) | ((VI)r & ~neg));
+}
+
 ATTR static void FN(unary_contig)(int op, double p0, double p1, float *d, const float *a, int64_t n) {
+    const float f0 = (float)p0, f1 = (float)p1;
+    const int exact = (double)f0 == p0 && (double)f1 == p1; /* float arithmetic rounds as the double form */
+    if (op == U_SIGMOID || op == U_SILU) {
+        int64_t i = 0;
+        for (; i + VL <= n; i += VL) {
+            const VF x = *(const VFU *)(a + i), sg = FN(vsigmoid)(x);
+            *(VFU *)(d + i) = op == U_SILU ? x * sg : sg;
+        }
+        for (; i < n; i++) d[i] = (float)FN(uop)(op, a[i], p0, p1);
+        return;
+    }
+    switch (op) {
+    case U_STEP: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? 1.0f : 0.0f; return;
+    case U_SGN: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? 1.0f : a[i] < 0 ? -1.0f : a[i]; return;
+    case U_HARDSIGMOID:
+        for (int64_t i = 0; i < n; i++) { float t = (a[i] + 3.0f) / 6.0f; d[i] = t < 0 ? 0 : t > 1 ? 1 : t; }
+        return;
+    case U_HARDSWISH:
+        for (int64_t i = 0; i < n; i++) { float t = (a[i] + 3.0f) / 6.0f; t = t < 0 ? 0 : t > 1 ? 1 : t; d[i] = a[i] * t; }
+        return;
+    case U_LEAKY_RELU:
+        if (!exact) break;
+        for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? a[i] : a[i] * f0;
+        return;
+    case U_CLAMP:
+        if (!exact) break;
+        for (int64_t i = 0; i < n; i++) d[i] = a[i] < f0 ? f0 : a[i] > f1 ? f1 : a[i];
+        return;
+    default: break;
+    }
     switch (op) {
     case U_NEG: for (int64_t i = 0; i < n; i++) d[i] = -a[i]; return;
     case U_ABS: for (int64_t i = 0; i < n; i++) d[i] = fabsf(a[i]); return;
@@ -473,17 +519,25 @@ ATTR static void FN(get_rows)(const csimd_tensor *a, const csimd_tensor *idx, co
 }
 
 /* ------------------------------------------------------------ cross entropy */
+/* one row of the loss (returns sum y log softmax(x)) or of its gradient (out = (softmax(x) - y) gscale) */
 ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_t n, int back, float gscale) {
-    float mx = FN(row_max)(x, n);
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += exp((double)x[i] - mx);
-    const double lse = log(s);
+    const float mx = FN(row_max)(x, n);
+    VF acc = (VF){0};
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc += FN(vexp_neg)(*(const VFU *)(x + i) - mx);
+    double s = FN(hsum)(acc);
+    for (; i < n; i++) s += exp((double)x[i] - mx);
+    const float sh = (float)((double)mx + log(s)); /* x - sh <= 0: the log-softmax */
     if (back) {
-        for (int64_t i = 0; i < n; i++) out[i] = (float)((exp((double)x[i] - mx - lse) - y[i]) * gscale);
+        for (i = 0; i + VL <= n; i += VL)
+            *(VFU *)(out + i) = (FN(vexp_neg)(*(const VFU *)(x + i) - sh) - *(const VFU *)(y + i)) * gscale;
+        for (; i < n; i++) out[i] = (float)((exp((double)x[i] - sh) - y[i]) * gscale);
         return 0;
     }
-    double l = 0;
-    for (int64_t i = 0; i < n; i++) l += (double)y[i] * ((double)x[i] - mx - lse);
+    acc = (VF){0};
+    for (i = 0; i + VL <= n; i += VL) acc += *(const VFU *)(y + i) * (*(const VFU *)(x + i) - sh);
+    double l = FN(hsum)(acc);
+    for (; i < n; i++) l += (double)y[i] * ((double)x[i] - sh);
     return l;
 }
 
@@ -515,34 +569,64 @@ ATTR static void FN(cross_entropy)(const csimd_tensor *a, const csimd_tensor *b,
     }
 }
 
-/* ------------------------------------------------------------ optimizer steps (elementwise, in place) */
+/* ------------------------------------------------------------ optimizer steps (elementwise, in place)
+   In float32 as ggml: AdamW m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
+   w = w (1 - alpha wd) - alpha (m b1h) / (sqrt(v b2h) + eps); SGD w = w (1 - alpha wd) - alpha g.
+   p: alpha, beta1, beta2, eps, wd, beta1h, beta2h (SGD: alpha, wd). */
+ATTR static void FN(adamw_contig)(const float *p, float *w, const float *a, const float *g, float *m, float *v,
+                                  int64_t n) {
+    const float alpha = p[0], b1 = p[1], b2 = p[2], eps = p[3], keep = 1.0f - p[0] * p[4], b1h = p[5], b2h = p[6];
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        const VF gv = *(const VFU *)(g + i);
+        const VF mv = *(VFU *)(m + i) * b1 + gv * (1.0f - b1);
+        const VF vv = *(VFU *)(v + i) * b2 + gv * gv * (1.0f - b2);
+        VF den = vv * b2h;
+#pragma GCC unroll 16
+        for (int j = 0; j < VL; j++) den[j] = sqrtf(den[j]);
+        *(VFU *)(m + i) = mv;
+        *(VFU *)(v + i) = vv;
+        *(VFU *)(w + i) = *(const VFU *)(a + i) * keep - alpha * (mv * b1h) / (den + eps);
+    }
+    for (; i < n; i++) {
+        const float gi = g[i], mi = m[i] * b1 + gi * (1.0f - b1), vi = v[i] * b2 + gi * gi * (1.0f - b2);
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = a[i] * keep - alpha * (mi * b1h) / (sqrtf(vi * b2h) + eps);
+    }
+}
+
 ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, const csimd_tensor *g,
                               const csimd_tensor *m, const csimd_tensor *v, const csimd_tensor *d, int nth) {
     const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    const int contig = a->nb[0] == 4 && g->nb[0] == 4 && m->nb[0] == 4 && v->nb[0] == 4 && d->nb[0] == 4;
+    const float keep = 1.0f - p[0] * (adamw ? p[4] : p[1]);
     (void)nth;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (int64_t ir = 0; ir < nr; ir++) {
         int64_t i1, i2, i3;
         unravel_row(d, ir, &i1, &i2, &i3);
+        if (adamw && contig) {
+            FN(adamw_contig)(p, (float *)ELT(d, 0, i1, i2, i3), (const float *)ELT(a, 0, i1, i2, i3),
+                             (const float *)ELT(g, 0, i1, i2, i3), (float *)ELT(m, 0, i1, i2, i3),
+                             (float *)ELT(v, 0, i1, i2, i3), n0);
+            continue;
+        }
         for (int64_t i = 0; i < n0; i++) {
             float x, gr, out;
             memcpy(&x, ELT(a, i, i1, i2, i3), 4);
             memcpy(&gr, ELT(g, i, i1, i2, i3), 4);
             if (adamw) {
-                const double alpha = p[0], b1 = p[1], b2 = p[2], eps = p[3], wd = p[4], b1h = p[5], b2h = p[6];
                 float mv, vv;
                 memcpy(&mv, ELT(m, i, i1, i2, i3), 4);
                 memcpy(&vv, ELT(v, i, i1, i2, i3), 4);
-                double mm = b1 * mv + (1 - b1) * gr;
-                double vn = b2 * vv + (1 - b2) * (double)gr * gr;
-                double w = x * (1 - alpha * wd) - alpha * (mm * b1h) / (sqrt(vn * b2h) + eps);
-                mv = (float)mm;
-                vv = (float)vn;
+                mv = mv * p[1] + gr * (1.0f - p[1]);
+                vv = vv * p[2] + gr * gr * (1.0f - p[2]);
                 memcpy(ELT(m, i, i1, i2, i3), &mv, 4);
                 memcpy(ELT(v, i, i1, i2, i3), &vv, 4);
-                out = (float)w;
+                out = x * keep - p[0] * (mv * p[5]) / (sqrtf(vv * p[6]) + p[3]);
             } else {
-                out = (float)((double)x * (1 - (double)p[0] * p[1]) - (double)p[0] * gr);
+                out = x * keep - p[0] * gr;
             }
             memcpy(ELT(d, i, i1, i2, i3), &out, 4);
         }
@@ -574,31 +658,48 @@ ATTR static void FN(pack_a)(float *restrict dst, const char *a, int at, int64_t 
         }
         return;
     }
+    if (at == CSIMD_F32 && snm == 4) {
+        /* transposed (OUT_PROD's a): each k holds the panel's NR values side by side */
+        for (int64_t k = 0; k < kc; k++) {
+            const float *r = (const float *)(a + (k0 + k) * snk + m0 * snm);
+            float *o = dst + k * NR;
+            int64_t j = 0;
+            for (; j < mn; j++) o[j] = r[j];
+            for (; j < NR; j++) o[j] = 0.0f;
+        }
+        return;
+    }
     for (int64_t j = 0; j < NR; j++) {
         if (j < mn) {
             const char *row = a + (m0 + j) * snm + k0 * snk;
-            if (at == CSIMD_F32 && snk == 4) {
-                const float *r = (const float *)row;
-                for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = r[k];
-            } else {
-                for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = load_f32(row + k * snk, at);
-            }
+            for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = load_f32(row + k * snk, at);
         } else {
             for (int64_t k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
         }
     }
 }
 
-ATTR static void FN(pack_b)(float *restrict dst, const char *b, int64_t snn, int64_t snk,
+ATTR static void FN(pack_b)(float *restrict dst, const char *b, int bt, int64_t snn, int64_t snk,
                             int64_t n0, int64_t nn, int64_t k0, int64_t kc) {
+    if (bt == CSIMD_F32 && snn == 4 && snk != 4) {
+        /* transposed (OUT_PROD's b): each k holds the panel's MR values side by side */
+        for (int64_t k = 0; k < kc; k++) {
+            const float *r = (const float *)(b + (k0 + k) * snk + n0 * snn);
+            float *o = dst + k * MR;
+            int64_t i = 0;
+            for (; i < nn; i++) o[i] = r[i];
+            for (; i < MR; i++) o[i] = 0.0f;
+        }
+        return;
+    }
     for (int64_t i = 0; i < MR; i++) {
         if (i < nn) {
             const char *row = b + (n0 + i) * snn + k0 * snk;
-            if (snk == 4) {
+            if (bt == CSIMD_F32 && snk == 4) {
                 const float *r = (const float *)row;
                 for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = r[k];
             } else {
-                for (int64_t k = 0; k < kc; k++) { float f; memcpy(&f, row + k * snk, 4); dst[k * MR + i] = f; }
+                for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = load_f32(row + k * snk, bt);
             }
         } else {
             for (int64_t k = 0; k < kc; k++) dst[k * MR + i] = 0.0f;
@@ -607,8 +708,10 @@ ATTR static void FN(pack_b)(float *restrict dst, const char *b, int64_t snn, int
 }
 
 #define NV (NR / VL)
+/* C tile element (r, j) at C[r * ldc + j * cs]: cs = 1, or the result written transposed (cs = ldc of
+   the real result, ldc = 1) when the operands were swapped */
 ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *restrict Bp, float *C, int64_t ldc,
-                           int first, int64_t mr, int64_t nr) {
+                           int64_t cs, int first, int64_t mr, int64_t nr) {
     VF c[MR][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < MR; r++)
@@ -625,7 +728,7 @@ ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *re
             for (int v = 0; v < NV; v++) c[r][v] += av[v] * bb;
         }
     }
-    if (mr == MR && nr == NR) {
+    if (mr == MR && nr == NR && cs == 1) {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++)
 #pragma GCC unroll 4
@@ -639,19 +742,19 @@ ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *re
             for (int v = 0; v < NV; v++) *(VF *)(&t[r][v * VL]) = c[r][v];
         for (int64_t r = 0; r < mr; r++)
             for (int64_t j = 0; j < nr; j++) {
-                if (first) C[r * ldc + j] = t[r][j]; else C[r * ldc + j] += t[r][j];
+                if (first) C[r * ldc + j * cs] = t[r][j]; else C[r * ldc + j * cs] += t[r][j];
             }
     }
 }
 
-ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn, int64_t bnk,
-                         float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int bt, int64_t bnn,
+                         int64_t bnk, float *C, int64_t ldc, int64_t cs, int64_t M, int64_t N, int64_t K, int nth) {
     const int64_t npa = (NCB + NR - 1) / NR, npb = (MCB + MR - 1) / MR;
     float *Apack = (float *)csimd_alloc((size_t)npa * KC * NR * 4);
     float *Bpack = (float *)csimd_alloc((size_t)npb * KC * MR * 4);
     if (!Apack || !Bpack) { free(Apack); free(Bpack); return -2; }
     if (K == 0) {
-        for (int64_t n = 0; n < N; n++) for (int64_t m = 0; m < M; m++) C[n * ldc + m] = 0.0f;
+        for (int64_t n = 0; n < N; n++) for (int64_t m = 0; m < M; m++) C[n * ldc + m * cs] = 0.0f;
     }
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -669,7 +772,7 @@ ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const 
 #pragma omp for schedule(static)
                 for (int64_t q = 0; q < pb; q++) {
                     const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
-                    FN(pack_b)(Bpack + q * KC * MR, b, bnn, bnk, n0, nn, pc, kc);
+                    FN(pack_b)(Bpack + q * KC * MR, b, bt, bnn, bnk, n0, nn, pc, kc);
                 }
                 const int64_t tiles = pb * pa;
 #pragma omp for schedule(dynamic, 4)
@@ -677,7 +780,8 @@ ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const 
                     const int64_t q = t / pa, p = t % pa;
                     const int64_t n0 = ic + q * MR, m0 = jc + p * NR;
                     const int64_t nn = N - n0 < MR ? N - n0 : MR, mn = M - m0 < NR ? M - m0 : NR;
-                    FN(micro)(kc, Apack + p * KC * NR, Bpack + q * KC * MR, C + n0 * ldc + m0, ldc, pc == 0, nn, mn);
+                    FN(micro)(kc, Apack + p * KC * NR, Bpack + q * KC * MR, C + n0 * ldc + m0 * cs, ldc, cs, pc == 0,
+                              nn, mn);
                 }
             }
         }
@@ -690,8 +794,9 @@ ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const 
 /* small N (a few dozen rows of b): b packed once, whole, then the threads split M in panels of NR
    columns, each packing its own panels of A; a single barrier, so the result does not depend on
    how fast sleeping OpenMP workers wake up */
-ATTR static int FN(gemm_small_n)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn,
-                                 int64_t bnk, float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+ATTR static int FN(gemm_small_n)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int bt, int64_t bnn,
+                                 int64_t bnk, float *C, int64_t ldc, int64_t cs, int64_t M, int64_t N, int64_t K,
+                                 int nth) {
     const int64_t pb = (N + MR - 1) / MR, pa = (M + NR - 1) / NR;
     float *Bpack = (float *)csimd_alloc((size_t)pb * (size_t)K * MR * 4);
     if (!Bpack) return -2;
@@ -702,7 +807,7 @@ ATTR static int FN(gemm_small_n)(const char *a, int at, int64_t anm, int64_t ank
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < pb; q++) {
             const int64_t n0 = q * MR, nn = N - n0 < MR ? N - n0 : MR;
-            FN(pack_b)(Bpack + q * K * MR, b, bnn, bnk, n0, nn, 0, K);
+            FN(pack_b)(Bpack + q * K * MR, b, bt, bnn, bnk, n0, nn, 0, K);
         }
         float *Ap = (float *)csimd_alloc((size_t)KC * NR * 4);
         if (!Ap) failed = 1;
@@ -715,7 +820,8 @@ ATTR static int FN(gemm_small_n)(const char *a, int at, int64_t anm, int64_t ank
                 FN(pack_a)(Ap, a, at, anm, ank, m0, mn, pc, kc);
                 for (int64_t q = 0; q < pb; q++) {
                     const int64_t n0 = q * MR, nn = N - n0 < MR ? N - n0 : MR;
-                    FN(micro)(kc, Ap, Bpack + q * K * MR + pc * MR, C + n0 * ldc + m0, ldc, pc == 0, nn, mn);
+                    FN(micro)(kc, Ap, Bpack + q * K * MR + pc * MR, C + n0 * ldc + m0 * cs, ldc, cs, pc == 0, nn,
+                              mn);
                 }
             }
         }
@@ -738,13 +844,6 @@ ATTR static float FN(dot)(const float *restrict x, const float *restrict y, int6
     for (int j = 0; j < VL; j++) s += t[j];
     for (; i < n; i++) s += (double)x[i] * y[i];
     return (float)s;
-}
-
-ATTR static inline float FN(hsum)(VF v) {
-    float s = 0.0f;
-#pragma GCC unroll 16
-    for (int j = 0; j < VL; j++) s += v[j];
-    return s;
 }
 
 /* GR rows of a against one row of b: a streamed once per row of b, b shared from registers/L1 */
@@ -810,6 +909,22 @@ ATTR static void FN(gemv)(const char *a, int64_t anm, const char *b, int64_t bnn
 #undef GR
 #undef GU
 
+/* C[n * ldc + m] = sum_k B[n][k] A[m][k] for one matrix pair (mul_mat and out_prod): the kernel
+   that suits the shape. A small M against a larger N swaps the operands and writes the result
+   transposed, so the narrow side is the one packed whole and the micro-tile is not mostly padding. */
+ATTR static int FN(gemm_any)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn, int64_t bnk,
+                             float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+    if (N <= 4 && at == CSIMD_F32 && ank == 4 && bnk == 4) {
+        FN(gemv)(a, anm, b, bnn, C, ldc, M, N, K, nth);
+        return 0;
+    }
+    if (K > 0 && M < NR && N > M && M * K <= ((int64_t)1 << 24))
+        return FN(gemm_small_n)(b, CSIMD_F32, bnn, bnk, a, at, anm, ank, C, 1, ldc, N, M, K, nth);
+    if (N <= 64 && K > 0 && K * ((N + MR - 1) / MR * MR) <= ((int64_t)1 << 24))
+        return FN(gemm_small_n)(a, at, anm, ank, b, CSIMD_F32, bnn, bnk, C, ldc, 1, M, N, K, nth);
+    return FN(gemm)(a, at, anm, ank, b, CSIMD_F32, bnn, bnk, C, ldc, 1, M, N, K, nth);
+}
+
 ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
@@ -819,16 +934,8 @@ ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const 
             const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
             const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
             float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            if (N <= 4 && a->type == CSIMD_F32 && a->nb[0] == 4 && b->nb[0] == 4) {
-                FN(gemv)(ap, a->nb[1], bp, b->nb[1], dp, d->nb[1] / 4, M, N, K, nth);
-                continue;
-            }
-            int rc;
-            if (N <= 64 && K > 0 && K * ((N + MR - 1) / MR * MR) <= ((int64_t)1 << 24))
-                rc = FN(gemm_small_n)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N,
-                                      K, nth);
-            else
-                rc = FN(gemm)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M, N, K, nth);
+            const int rc = FN(gemm_any)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M,
+                                        N, K, nth);
             if (rc) return rc;
         }
     return 0;
@@ -897,7 +1004,12 @@ ATTR static int FN(repeat_back)(const csimd_tensor *a, const csimd_tensor *d) {
         unravel_row(a, ir, &i1, &i2, &i3);
         const char *ar = ELT(a, 0, i1, i2, i3);
         double *o = acc + (((i3 % d->ne[3]) * d->ne[2] + (i2 % d->ne[2])) * d->ne[1] + (i1 % d->ne[1])) * d->ne[0];
-        for (int64_t i = 0; i < n0; i++) o[i % d->ne[0]] += load_f32(ar + i * a->nb[0], a->type);
+        if (a->type == CSIMD_F32 && a->nb[0] == 4 && d->ne[0] == n0) { /* whole rows add up */
+            const float *x = (const float *)ar;
+            for (int64_t i = 0; i < n0; i++) o[i] += x[i];
+        } else {
+            for (int64_t i = 0; i < n0; i++) o[i % d->ne[0]] += load_f32(ar + i * a->nb[0], a->type);
+        }
     }
     for (int64_t ir = 0; ir < nrows_of(d); ir++) {
         int64_t i1, i2, i3;
@@ -984,7 +1096,8 @@ ATTR static int FN(out_prod)(const csimd_tensor *a, const csimd_tensor *b, const
             const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
             const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
             float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            int rc = FN(gemm)(ap, a->type, a->nb[0], a->nb[1], bp, b->nb[0], b->nb[1], dp, d->nb[1] / 4, M, N, K, nth);
+            const int rc = FN(gemm_any)(ap, a->type, a->nb[0], a->nb[1], bp, b->nb[0], b->nb[1], dp, d->nb[1] / 4, M,
+                                        N, K, nth);
             if (rc) return rc;
         }
     return 0;

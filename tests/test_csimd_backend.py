@@ -157,6 +157,42 @@ def test_mul_mat_matches_numpy(n, k, m):
     np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("n,k,m,half", [(500, 64, 10, False), (300, 40, 3, True), (70, 33, 20, True),
+                                        (9, 100, 40, True), (200, 31, 1, False)])
+def test_mul_mat_narrow_a_and_half_weights_match_numpy(n, k, m, half):
+    """a with fewer rows than the micro-tile is wide (operands swapped, result written transposed)."""
+    _need_available()
+    rng = np.random.default_rng(n + k + m)
+    a = rng.standard_normal((m, k)).astype(np.float16 if half else np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    ctx = pc.Context()
+    ta = ctx.new_tensor(pc.F16, (k, m)) if half else ctx.from_numpy(a)
+    if half:
+        ta.set(a)
+    y = pc.mul_mat(ta, ctx.from_numpy(b))
+    pc.compute(y, "csimd", strict=True)
+    ref = b.astype(np.float64) @ a.astype(np.float64).T
+    np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("m,n,k,half", [(784, 500, 32, False), (500, 10, 500, False), (10, 300, 50, False),
+                                        (37, 5, 19, True), (3, 70, 8, True), (130, 66, 257, False)])
+def test_out_prod_matches_numpy(m, n, k, half):
+    """out_prod(a [m, k], b [n, k]) = b^T a in NumPy order: both operands are read transposed."""
+    _need_available()
+    rng = np.random.default_rng(m * 7 + n + k)
+    a = rng.standard_normal((k, m)).astype(np.float16 if half else np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ctx = pc.Context()
+    ta = ctx.new_tensor(pc.F16, (m, k)) if half else ctx.from_numpy(a)
+    if half:
+        ta.set(a)
+    y = pc.out_prod(ta, ctx.from_numpy(b))
+    pc.compute(y, "csimd", strict=True)
+    ref = b.astype(np.float64).T @ a.astype(np.float64)
+    np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 def test_mul_mat_batch_broadcast_and_transposed_input():
     _need_available()
     rng = np.random.default_rng(5)
@@ -392,3 +428,53 @@ def test_count_equal_counts_over_strided_views():
         pc.compute(y, be, strict=(be == "csimd"))
         outs.append(int(y.numpy().reshape(-1)[0]))
     assert outs[0] == outs[1] == int(np.count_nonzero(a == np.swapaxes(b, -1, -2)))
+
+
+def test_prepared_calls_read_changing_values_at_compute_time():
+    """A plan binds each node's C call once; values that change between computes (the optimizer's
+    hyper-parameters, the loss gradient) are still read when the node runs."""
+    _need_available()
+    rng = np.random.default_rng(9)
+    ctx = pc.Context()
+    w0, g0, m0, v0 = (rng.standard_normal((3, 37)).astype(np.float32) for _ in range(4))
+    v0 = np.abs(v0)
+    w, g, m, v = (ctx.from_numpy(x.copy()) for x in (w0, g0, m0, v0))
+    w.set_param()
+    hyper = ctx.from_numpy(np.zeros(7, np.float32))
+    logits, labels = rng.standard_normal((4, 6)).astype(np.float32), rng.dirichlet(np.ones(6), 4).astype(np.float32)
+    dloss = ctx.from_numpy(np.zeros(1, np.float32))
+    ce_back = pc.cross_entropy_loss_back(dloss, ctx.from_numpy(logits), ctx.from_numpy(labels))
+    graph = pc.Graph().expand(pc.opt_step_adamw(w, g, m, v, hyper))
+    graph.expand(ce_back)
+    plan = pc.plan(graph, "csimd", strict=True)
+    assert all(hasattr(c, "keep") for c in plan.calls)  # every call was prepared, none runs the general path
+    wd, md, vd = (x.astype(np.float64) for x in (w0, m0, v0))
+    gd = g0.astype(np.float64)
+    softmax = np.exp(logits - logits.max(1, keepdims=True))
+    softmax /= softmax.sum(1, keepdims=True)
+    for step, (alpha, b1, b2, eps, wdecay, scale) in enumerate([(1e-2, 0.9, 0.999, 1e-8, 0.0, 2.0),
+                                                                 (5e-3, 0.5, 0.9, 1e-3, 0.1, -0.5)], 1):
+        b1h, b2h = 1 / (1 - b1 ** step), 1 / (1 - b2 ** step)
+        hyper.set(np.array([alpha, b1, b2, eps, wdecay, b1h, b2h], np.float32))
+        dloss.set(np.array([scale], np.float32))
+        plan.compute()
+        md = b1 * md + (1 - b1) * gd
+        vd = b2 * vd + (1 - b2) * gd * gd
+        wd = wd * (1 - alpha * wdecay) - alpha * md * b1h / (np.sqrt(vd * b2h) + eps)
+        np.testing.assert_allclose(w.numpy(), wd, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(m.numpy(), md, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(v.numpy(), vd, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(ce_back.numpy(), (softmax - labels) * scale / 4, rtol=1e-5, atol=1e-7)
+
+
+def test_an_extension_built_from_other_sources_is_refused(monkeypatch):
+    """Same function names, other signatures: the interface version says so before any call."""
+    _need_available()
+    import prism_csimd
+
+    real = prism_csimd._load_module()
+    fake_lib = SimpleNamespace(**{f: getattr(real.lib, f) for f in prism_csimd.REQUIRED_FUNCTIONS})
+    fake_lib.csimd_abi_version = lambda: prism_csimd.ABI_VERSION - 1
+    monkeypatch.setitem(prism_csimd._loaded, "module", SimpleNamespace(lib=fake_lib, ffi=real.ffi, __file__="old.so"))
+    ok, reason = pc.backend("csimd").availability()
+    assert not ok and "other sources" in reason and "reinstall" in reason, reason

@@ -37,12 +37,14 @@ ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 ISA_NAMES = ("scalar", "avx2", "avx512")
+ABI_VERSION = 2  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
 # every C entry point the kernels call: an extension built from older sources is refused whole
 REQUIRED_FUNCTIONS = (
-    "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads", "csimd_binary",
+    "csimd_abi_version", "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
+    "csimd_binary",
     "csimd_unary", "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
     "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
     "csimd_diag_mask", "csimd_get_rows_back", "csimd_out_prod", "csimd_glu", "csimd_index_map", "csimd_arange",
@@ -100,6 +102,10 @@ def _setup() -> tuple[bool, str]:
     if missing:
         return False, (f"the C extension at {getattr(mod, '__file__', '?')} is stale (lacks {', '.join(missing)}); "
                        "reinstall prism-tensor to rebuild it")
+    if lib.csimd_abi_version() != ABI_VERSION:
+        return False, (f"the C extension at {getattr(mod, '__file__', '?')} was built from other sources (interface "
+                       f"version {lib.csimd_abi_version()}, this package needs {ABI_VERSION}); reinstall prism-tensor "
+                       "to rebuild it")
     cpu = lib.csimd_cpu_isa()
     raw = os.environ.get(ENV_ISA, "").strip().lower()
     if raw:
@@ -151,6 +157,9 @@ class CsimdBackend(prism_core.Backend):
     def threads(self) -> int:
         ok, _ = self.availability()
         return int(_k._state.get("threads", 1)) if ok else 1
+
+    def prepare(self, node: Tensor):
+        return _k.prepare(node)
 
     def supports(self, node: Tensor) -> bool:
         try:

@@ -9,6 +9,7 @@ missing or broken extension never breaks discovery.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -32,13 +33,77 @@ SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] 
 _state: dict[str, object] = {}
 
 
-def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str):
+# ops whose wrapper reads tensor values in Python before the C call (index range checks): their
+# checks must run at every compute, so they are never prepared
+READS_VALUES: set[str] = set()
+
+
+def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str, reads_values: bool = False):
+    """Register f as the kernel of ``keys``. A wrapper builds its descriptors with :func:`desc` and
+    calls the C library through :func:`_lib`, so :func:`prepare` can record the call once; one that
+    reads tensor values in Python (not only shapes and params) must say ``reads_values=True``."""
     def deco(f):
         for k in keys:
             KERNELS[k] = f
             SUPPORT[k] = (srcs, out)
+            if reads_values:
+                READS_VALUES.add(k)
         return f
     return deco
+
+
+# ------------------------------------------------------------------ prepared calls
+class _Recorder:
+    """Stands in for the C library while a node is prepared: the wrapper runs once, its C calls
+    are recorded (not made) with their validated arguments, and the buffers behind them kept."""
+
+    def __init__(self, lib) -> None:
+        self.lib, self.calls, self.keep = lib, [], []
+
+    def __getattr__(self, name: str):
+        fn = getattr(self.lib, name)
+
+        def record(*args):
+            self.calls.append((fn, args))
+            return 0
+        return record
+
+
+_recording = threading.local()  # conformance runs kernels in worker threads: one recorder per thread
+
+
+def prepare(n: Tensor) -> Callable[[], None] | None:
+    """A callable making ``n``'s C call(s) with arguments validated and built once (see
+    ``Backend.prepare``), or None where the general path must run every time."""
+    key = n.opdef.key if n.opdef is not None else None
+    if key not in KERNELS or key in READS_VALUES or "lib" not in _state:
+        return None
+    rec = _Recorder(_state["lib"])
+    _recording.rec = rec
+    try:
+        KERNELS[key](n)
+    except Exception:  # noqa: BLE001 - the general path raises the same error, at compute time
+        return None
+    finally:
+        _recording.rec = None
+    calls, keep = rec.calls, rec.keep
+    if len(calls) == 1:
+        (fn, args), = calls
+
+        def call() -> None:
+            rc = fn(*args)
+            if rc:
+                _check(rc, key)
+    elif calls:
+        def call() -> None:
+            for fn, args in calls:
+                rc = fn(*args)
+                if rc:
+                    _check(rc, key)
+    else:
+        return None
+    call.keep = keep  # type: ignore[attr-defined] - the buffers the recorded pointers point into
+    return call
 
 
 # ------------------------------------------------------------------ validated descriptors
@@ -93,11 +158,16 @@ def desc(t: Tensor, keep: list, region: tuple[int, tuple, tuple] | None = None):
     d = ffi.new("csimd_tensor *", (base + offs, ne, nb, TYPE_CODES[t.type]))
     keep.append(buf)
     keep.append(base)
+    rec = getattr(_recording, "rec", None)
+    if rec is not None:
+        rec.keep += (buf, base)
     return d
 
 
 def _lib():
-    return _state["lib"]
+    """The C library, or while a node is being prepared, the recorder standing in for it."""
+    rec = getattr(_recording, "rec", None)
+    return rec if rec is not None else _state["lib"]
 
 
 def _nth(work: int) -> int:
@@ -193,47 +263,41 @@ def _norm(n: Tensor) -> None:
 def _cross_entropy_loss(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
-    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), 1.0, 0, _nth(8 * a.nelements)),
-           "CROSS_ENTROPY_LOSS")
+    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), _state["ffi"].NULL, 0,
+                                      _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS")
 
 
 @kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
 def _cross_entropy_loss_back(n: Tensor) -> None:
     keep: list = []
-    g, a, b = n.src
-    gv = float(np.asarray(g.host(), np.float32).reshape(-1)[0])
-    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), gv, 1, _nth(8 * a.nelements)),
-           "CROSS_ENTROPY_LOSS_BACK")
+    g, a, b = n.src  # g's value is read by the C kernel at call time
+    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), desc(g, keep), 1,
+                                      _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS_BACK")
 
 
 # ------------------------------------------------------------------ optimizer steps
-def _opt_params(p: Tensor, count: int) -> np.ndarray:
-    vals = np.ascontiguousarray(np.asarray(p.host(), np.float32).reshape(-1)[:count])
-    if vals.size != count:
-        raise InvalidArgument(f"csimd: optimizer params need {count} values, got {vals.size}")
-    return vals
+def _opt_params(p: Tensor, count: int, keep: list):
+    """The parameter vector (read by the C kernel at call time: it changes between steps)."""
+    if p.ne[0] < count:
+        raise InvalidArgument(f"csimd: optimizer params {p.label} need {count} values along dim 0, got {p.ne[0]}")
+    return desc(p, keep)
 
 
 @kernel((ONLY_F32,) * 5, ONLY_F32, "OPT_STEP_ADAMW")
 def _adamw(n: Tensor) -> None:
     keep: list = []
     a, g, m, v, p = n.src
-    vals = _opt_params(p, 7)
-    pv = _state["ffi"].from_buffer("float[]", vals)
-    keep.append(vals)
-    _check(_lib().csimd_opt_step(1, pv, desc(a, keep), desc(g, keep), desc(m, keep), desc(v, keep), desc(n, keep),
-                                 _nth(4 * n.nelements)), "OPT_STEP_ADAMW")
+    _check(_lib().csimd_opt_step(1, _opt_params(p, 7, keep), desc(a, keep), desc(g, keep), desc(m, keep),
+                                 desc(v, keep), desc(n, keep), _nth(4 * n.nelements)), "OPT_STEP_ADAMW")
 
 
 @kernel((ONLY_F32,) * 3, ONLY_F32, "OPT_STEP_SGD")
 def _sgd(n: Tensor) -> None:
     keep: list = []
     a, g, p = n.src
-    vals = _opt_params(p, 2)
-    pv = _state["ffi"].from_buffer("float[]", vals)
-    keep.append(vals)
     d = desc(n, keep)
-    _check(_lib().csimd_opt_step(0, pv, desc(a, keep), desc(g, keep), d, d, d, _nth(2 * n.nelements)), "OPT_STEP_SGD")
+    _check(_lib().csimd_opt_step(0, _opt_params(p, 2, keep), desc(a, keep), desc(g, keep), d, d, d,
+                                 _nth(2 * n.nelements)), "OPT_STEP_SGD")
 
 
 # ------------------------------------------------------------------ matrices and indexing
@@ -245,7 +309,7 @@ def _mul_mat(n: Tensor) -> None:
     _check(rc, "MUL_MAT")
 
 
-@kernel((FLOATS, INDICES), ONLY_F32, "GET_ROWS")
+@kernel((FLOATS, INDICES), ONLY_F32, "GET_ROWS", reads_values=True)
 def _get_rows(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
@@ -297,7 +361,7 @@ def _diag_mask(n: Tensor) -> None:
                                   desc(n.src[0], keep), desc(n, keep), _nth(n.nelements)), n.opdef.key)
 
 
-@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK")
+@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK", reads_values=True)
 def _get_rows_back(n: Tensor) -> None:
     keep: list = []
     g, b = n.src[0], n.src[1]
@@ -436,7 +500,7 @@ def _argsort(n: Tensor) -> None:
                                 _nth(n.nelements * max(1, n.ne[0].bit_length()))), "ARGSORT")
 
 
-@kernel((frozenset({F32, F16}), INDICES, FLOATS), FLOATS, "SET_ROWS")
+@kernel((frozenset({F32, F16}), INDICES, FLOATS), FLOATS, "SET_ROWS", reads_values=True)
 def _set_rows(n: Tensor) -> None:
     keep: list = []
     b, c, a = n.src[0], n.src[1], n.src[2]
@@ -448,7 +512,7 @@ def _set_rows(n: Tensor) -> None:
     _check(_lib().csimd_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), _nth(b.nelements)), "SET_ROWS")
 
 
-@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID")
+@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
 def _mul_mat_id(n: Tensor) -> None:
     keep: list = []
     w, b, ids = n.src[0], n.src[1], n.src[2]
