@@ -183,6 +183,8 @@ class Bench:
             rows.append((f"{din}-{dh}-{dout} batch {bs}", vals))
             if plan is not None:
                 self.record("plan memory", f"{din}-{dh}-{dout} batch {bs}", plan.peak_bytes / plan.naive_bytes)
+                self.record("plan memory lower bound", f"{din}-{dh}-{dout} batch {bs}",
+                            plan.live_bound_bytes / plan.naive_bytes)
                 print(f"  [{din}-{dh}-{dout} batch {bs}] {plan.summary()}")
         self.table("MLP training step (forward, backward, AdamW)", rows, "ms/step",
                    "torch" if torch is not None else "prism:" + self.backends[0].name, higher_better=False)

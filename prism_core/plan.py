@@ -85,6 +85,7 @@ class Plan:
     arena_bytes: int = 0  # the shared buffer holding every reusable intermediate
     protected_bytes: int = 0  # results that keep their own memory
     naive_bytes: int = 0  # what giving every result its own buffer takes
+    live_bound_bytes: int = 0  # the most bytes alive at once in this node order: no allocator needs less
     inplace_reuses: int = 0
     arena: np.ndarray | None = None
     calls: list[Callable[[], None]] = field(default_factory=list)  # one per step, prepared
@@ -105,7 +106,8 @@ class Plan:
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
         return (f"plan on {self.backend.name}: {len(self.steps)} kernels, {len(self.fallbacks)} on the reference; "
-                f"result memory {self.peak_bytes} bytes vs {self.naive_bytes} unplanned ({ratio:.0%}), "
+                f"result memory {self.peak_bytes} bytes vs {self.naive_bytes} unplanned ({ratio:.0%}; "
+                f"live at once at most {self.live_bound_bytes}), "
                 f"{self.inplace_reuses} in-place reuses")
 
 
@@ -185,6 +187,7 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
     dies_at: dict[int, list[Tensor]] = {}
     for n in shared:
         dies_at.setdefault(last_read[id(n)], []).append(n)
+    most_live = 0
     for i, n in enumerate(nodes):
         if id(n) in shared_ids:
             src0 = n.src[0] if n.src else None
@@ -197,9 +200,11 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
                 size = _align(max(n.nbytes, 1))
                 live[id(n)] = (arena.alloc(size), size)
             offset[id(n)] = live[id(n)][0]
+        most_live = max(most_live, sum(size for _, size in live.values()))
         for dead in dies_at.get(i, []):
             arena.release(*live.pop(id(dead)))
     p.arena_bytes = arena.size
+    p.live_bound_bytes = p.protected_bytes + most_live
     p.arena = np.zeros(max(arena.size, 1), dtype=np.uint8)
     for n in shared:
         n._storage = p.arena[offset[id(n)]: offset[id(n)] + n.nbytes]
