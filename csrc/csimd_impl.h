@@ -612,6 +612,12 @@ ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, 
                              (float *)ELT(v, 0, i1, i2, i3), n0);
             continue;
         }
+        if (contig) {
+            float *w = (float *)ELT(d, 0, i1, i2, i3);
+            const float *x = (const float *)ELT(a, 0, i1, i2, i3), *gr = (const float *)ELT(g, 0, i1, i2, i3);
+            for (int64_t i = 0; i < n0; i++) w[i] = x[i] * keep - p[0] * gr[i];
+            continue;
+        }
         for (int64_t i = 0; i < n0; i++) {
             float x, gr, out;
             memcpy(&x, ELT(a, i, i1, i2, i3), 4);
