@@ -168,7 +168,7 @@ int csimd_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tens
     int rc = 0;
     if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !blocks(a, b) || d->nb[0] != 4 || d->nb[1] % 4) return -1;
     if (b->ne[0] != a->ne[0] || d->ne[0] != a->ne[1] || d->ne[1] != b->ne[1] || d->ne[2] != b->ne[2] ||
-        d->ne[3] != b->ne[3] || b->type != CSIMD_F32 || d->type != CSIMD_F32)
+        d->ne[3] != b->ne[3] || !is_float(a->type) || !is_float(b->type) || d->type != CSIMD_F32)
         return -1;
     nth = clamp_threads(nth);
     CALL_RC(rc, mul_mat, a, b, d, nth)
@@ -287,7 +287,7 @@ int csimd_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_ten
     int rc = 0;
     if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !blocks(a, b) || d->nb[0] != 4 || d->nb[1] % 4) return -1;
     if (b->ne[1] != a->ne[1] || d->ne[0] != a->ne[0] || d->ne[1] != b->ne[0] || d->ne[2] != b->ne[2] ||
-        d->ne[3] != b->ne[3] || b->type != CSIMD_F32 || d->type != CSIMD_F32)
+        d->ne[3] != b->ne[3] || !is_float(a->type) || !is_float(b->type) || d->type != CSIMD_F32)
         return -1;
     nth = clamp_threads(nth);
     CALL_RC(rc, out_prod, a, b, d, nth)

@@ -14,6 +14,7 @@
 #define ELT(t, i0, i1, i2, i3) \
     ((t)->data + (i0) * (t)->nb[0] + (i1) * (t)->nb[1] + (i2) * (t)->nb[2] + (i3) * (t)->nb[3])
 
+static inline int is_float(int t) { return t == CSIMD_F32 || t == CSIMD_F16 || t == CSIMD_BF16; }
 static inline int type_size(int t) { return (t == CSIMD_F16 || t == CSIMD_BF16) ? 2 : t == CSIMD_I64 ? 8 : 4; }
 
 /* f16 <-> f32, round to nearest even (F. Giesen's float_to_half_fast3_rtne); exact */

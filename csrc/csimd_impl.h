@@ -918,17 +918,17 @@ ATTR static void FN(gemv)(const char *a, int64_t anm, const char *b, int64_t bnn
 /* C[n * ldc + m] = sum_k B[n][k] A[m][k] for one matrix pair (mul_mat and out_prod): the kernel
    that suits the shape. A small M against a larger N swaps the operands and writes the result
    transposed, so the narrow side is the one packed whole and the micro-tile is not mostly padding. */
-ATTR static int FN(gemm_any)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int64_t bnn, int64_t bnk,
-                             float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
-    if (N <= 4 && at == CSIMD_F32 && ank == 4 && bnk == 4) {
+ATTR static int FN(gemm_any)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int bt, int64_t bnn,
+                             int64_t bnk, float *C, int64_t ldc, int64_t M, int64_t N, int64_t K, int nth) {
+    if (N <= 4 && at == CSIMD_F32 && bt == CSIMD_F32 && ank == 4 && bnk == 4) {
         FN(gemv)(a, anm, b, bnn, C, ldc, M, N, K, nth);
         return 0;
     }
     if (K > 0 && M < NR && N > M && M * K <= ((int64_t)1 << 24))
-        return FN(gemm_small_n)(b, CSIMD_F32, bnn, bnk, a, at, anm, ank, C, 1, ldc, N, M, K, nth);
+        return FN(gemm_small_n)(b, bt, bnn, bnk, a, at, anm, ank, C, 1, ldc, N, M, K, nth);
     if (N <= 64 && K > 0 && K * ((N + MR - 1) / MR * MR) <= ((int64_t)1 << 24))
-        return FN(gemm_small_n)(a, at, anm, ank, b, CSIMD_F32, bnn, bnk, C, ldc, 1, M, N, K, nth);
-    return FN(gemm)(a, at, anm, ank, b, CSIMD_F32, bnn, bnk, C, ldc, 1, M, N, K, nth);
+        return FN(gemm_small_n)(a, at, anm, ank, b, bt, bnn, bnk, C, ldc, 1, M, N, K, nth);
+    return FN(gemm)(a, at, anm, ank, b, bt, bnn, bnk, C, ldc, 1, M, N, K, nth);
 }
 
 ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
@@ -940,8 +940,8 @@ ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const 
             const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
             const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
             float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            const int rc = FN(gemm_any)(ap, a->type, a->nb[1], a->nb[0], bp, b->nb[1], b->nb[0], dp, d->nb[1] / 4, M,
-                                        N, K, nth);
+            const int rc = FN(gemm_any)(ap, a->type, a->nb[1], a->nb[0], bp, b->type, b->nb[1], b->nb[0], dp,
+                                        d->nb[1] / 4, M, N, K, nth);
             if (rc) return rc;
         }
     return 0;
@@ -1102,8 +1102,8 @@ ATTR static int FN(out_prod)(const csimd_tensor *a, const csimd_tensor *b, const
             const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
             const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
             float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            const int rc = FN(gemm_any)(ap, a->type, a->nb[0], a->nb[1], bp, b->nb[0], b->nb[1], dp, d->nb[1] / 4, M,
-                                        N, K, nth);
+            const int rc = FN(gemm_any)(ap, a->type, a->nb[0], a->nb[1], bp, b->type, b->nb[0], b->nb[1], dp,
+                                        d->nb[1] / 4, M, N, K, nth);
             if (rc) return rc;
         }
     return 0;

@@ -157,37 +157,41 @@ def test_mul_mat_matches_numpy(n, k, m):
     np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("n,k,m,half", [(500, 64, 10, False), (300, 40, 3, True), (70, 33, 20, True),
-                                        (9, 100, 40, True), (200, 31, 1, False)])
-def test_mul_mat_narrow_a_and_half_weights_match_numpy(n, k, m, half):
-    """a with fewer rows than the micro-tile is wide (operands swapped, result written transposed)."""
+@pytest.mark.parametrize("n,k,m,half", [(500, 64, 10, ""), (300, 40, 3, "a"), (70, 33, 20, "a"), (9, 100, 40, "ab"),
+                                        (200, 31, 1, ""), (3, 50, 70, "b"), (90, 20, 5, "b"), (100, 70, 90, "ab")])
+def test_mul_mat_narrow_a_and_half_operands_match_numpy(n, k, m, half):
+    """a with fewer rows than the micro-tile is wide (operands swapped, result written transposed);
+    F16 operands ("a", "b" or both) are converted exactly while packed."""
     _need_available()
     rng = np.random.default_rng(n + k + m)
-    a = rng.standard_normal((m, k)).astype(np.float16 if half else np.float32)
-    b = rng.standard_normal((n, k)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float16 if "a" in half else np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float16 if "b" in half else np.float32)
     ctx = pc.Context()
-    ta = ctx.new_tensor(pc.F16, (k, m)) if half else ctx.from_numpy(a)
-    if half:
-        ta.set(a)
-    y = pc.mul_mat(ta, ctx.from_numpy(b))
+    ta, tb = (_half_or_plain(ctx, x) for x in (a, b))
+    y = pc.mul_mat(ta, tb)
     pc.compute(y, "csimd", strict=True)
     ref = b.astype(np.float64) @ a.astype(np.float64).T
     np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("m,n,k,half", [(784, 500, 32, False), (500, 10, 500, False), (10, 300, 50, False),
-                                        (37, 5, 19, True), (3, 70, 8, True), (130, 66, 257, False)])
+def _half_or_plain(ctx, x):
+    if x.dtype != np.float16:
+        return ctx.from_numpy(x)
+    t = ctx.new_tensor(pc.F16, x.shape[::-1])
+    t.set(x)
+    return t
+
+
+@pytest.mark.parametrize("m,n,k,half", [(784, 500, 32, ""), (500, 10, 500, ""), (10, 300, 50, ""), (37, 5, 19, "a"),
+                                        (3, 70, 8, "a"), (130, 66, 257, ""), (40, 9, 30, "b"), (50, 80, 20, "ab")])
 def test_out_prod_matches_numpy(m, n, k, half):
     """out_prod(a [m, k], b [n, k]) = b^T a in NumPy order: both operands are read transposed."""
     _need_available()
     rng = np.random.default_rng(m * 7 + n + k)
-    a = rng.standard_normal((k, m)).astype(np.float16 if half else np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((k, m)).astype(np.float16 if "a" in half else np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float16 if "b" in half else np.float32)
     ctx = pc.Context()
-    ta = ctx.new_tensor(pc.F16, (m, k)) if half else ctx.from_numpy(a)
-    if half:
-        ta.set(a)
-    y = pc.out_prod(ta, ctx.from_numpy(b))
+    y = pc.out_prod(_half_or_plain(ctx, a), _half_or_plain(ctx, b))
     pc.compute(y, "csimd", strict=True)
     ref = b.astype(np.float64).T @ a.astype(np.float64)
     np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))

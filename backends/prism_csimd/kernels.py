@@ -301,7 +301,7 @@ def _sgd(n: Tensor) -> None:
 
 
 # ------------------------------------------------------------------ matrices and indexing
-@kernel((FLOATS, ONLY_F32), ONLY_F32, "MUL_MAT")
+@kernel((FLOATS, FLOATS), ONLY_F32, "MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
@@ -371,7 +371,7 @@ def _get_rows_back(n: Tensor) -> None:
     _check(_lib().csimd_get_rows_back(desc(g, keep), desc(b, keep), desc(n, keep)), "GET_ROWS_BACK")
 
 
-@kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
+@kernel((FLOATS, FLOATS), ONLY_F32, "OUT_PROD")
 def _out_prod(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
