@@ -640,3 +640,61 @@ int csimd_pool_2d_back(int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s
     }
     return failed ? -2 : 0;
 }
+
+/* FLASH_ATTN_EXT: q [D, NQ, H, B], k [D, NKV, Hk, B], v [Dv, NKV, Hv, B] (Hk, Hv divide H), mask
+   [>= NKV, >= NQ, m2, m3] or NULL; sinks and slopes: H floats each (sinks may be NULL), prepared and
+   sized by the caller; d [Dv, H, NQ, B] F32 */
+static int is_float_type(int t) { return t == CSIMD_F32 || t == CSIMD_F16 || t == CSIMD_BF16; }
+
+int csimd_flash_attn_ext(const csimd_tensor *q, const csimd_tensor *k, const csimd_tensor *v, const csimd_tensor *mask,
+                         const float *sinks, const float *slopes, float scale, float softcap, const csimd_tensor *d,
+                         int nth) {
+    int rc = 0;
+    if (!nonneg(q) || !nonneg(k) || !nonneg(v) || !nonneg(d) || (mask && !nonneg(mask)) || !slopes) return -1;
+    if (!is_float_type(q->type) || !is_float_type(k->type) || !is_float_type(v->type) || d->type != CSIMD_F32 ||
+        (mask && mask->type != CSIMD_F32 && mask->type != CSIMD_F16))
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (q->ne[i] <= 0 || k->ne[i] <= 0 || v->ne[i] <= 0) return -1;
+    if (k->ne[0] != q->ne[0] || v->ne[1] != k->ne[1] || q->ne[2] % k->ne[2] || q->ne[2] % v->ne[2] ||
+        k->ne[3] != q->ne[3] || v->ne[3] != q->ne[3] || d->ne[0] != v->ne[0] || d->ne[1] != q->ne[2] ||
+        d->ne[2] != q->ne[1] || d->ne[3] != q->ne[3])
+        return -1;
+    if (mask && (mask->ne[0] < k->ne[1] || mask->ne[1] < q->ne[1] || mask->ne[2] <= 0 || mask->ne[3] <= 0)) return -1;
+    nth = clamp_threads(nth);
+    CALL_RC(rc, flash_attn, q, k, v, mask, sinks, slopes, scale, softcap, d, nth)
+    return rc;
+}
+
+/* CONV_2D: a [KW, KH, IC, OC], b [W, H, IC, N] -> d [OW, OH, OC, N] of b's type (F32/F16); every
+   column an output position reads must lie inside b's row or its padding */
+int csimd_conv_2d(int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, const csimd_tensor *a,
+                  const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    int rc = 0;
+    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !is_float_type(a->type) ||
+        (b->type != CSIMD_F32 && b->type != CSIMD_F16) || d->type != b->type)
+        return -1;
+    if (s0 < 1 || s1 < 1 || d0 < 1 || d1 < 1 || p0 < 0 || p1 < 0) return -1;
+    for (int i = 0; i < 4; i++)
+        if (a->ne[i] <= 0 || b->ne[i] <= 0 || d->ne[i] <= 0) return -1;
+    if (a->ne[2] != b->ne[2] || d->ne[2] != a->ne[3] || d->ne[3] != b->ne[3]) return -1;
+    nth = clamp_threads(nth);
+    CALL_RC(rc, conv_2d, s0, s1, p0, p1, d0, d1, a, b, d, nth)
+    return rc;
+}
+
+/* CONV_TRANSPOSE_1D: a [K, OC, IC], b [L, IC] -> d [(L-1)*s0 + K, OC] F32 */
+int csimd_conv_transpose_1d(int64_t s0, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    int rc = 0;
+    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !is_float_type(a->type) || !is_float_type(b->type) ||
+        d->type != CSIMD_F32 || s0 < 1)
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (a->ne[i] <= 0 || b->ne[i] <= 0 || d->ne[i] <= 0) return -1;
+    if (a->ne[3] != 1 || b->ne[2] != 1 || b->ne[3] != 1 || d->ne[2] != 1 || d->ne[3] != 1 || a->ne[2] != b->ne[1] ||
+        d->ne[1] != a->ne[1] || d->ne[0] != (b->ne[0] - 1) * s0 + a->ne[0])
+        return -1;
+    nth = clamp_threads(nth);
+    CALL_RC(rc, conv_transpose_1d, s0, a, b, d, nth)
+    return rc;
+}
