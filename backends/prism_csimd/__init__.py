@@ -51,6 +51,7 @@ REQUIRED_FUNCTIONS = (
     "csimd_argmax", "csimd_xielu", "csimd_timestep_embedding", "csimd_group_norm",
     "csimd_argsort", "csimd_set_rows", "csimd_mul_mat_id", "csimd_count_equal", "csimd_pool", "csimd_im2col",
     "csimd_pool_2d_back",
+    "csimd_flash_attn_ext", "csimd_conv_2d", "csimd_conv_transpose_1d",
 )
 
 
@@ -230,7 +231,8 @@ class CsimdBackend(prism_core.Backend):
         # no overlap at all for them.
         strict = key in ("REPEAT_BACK", "GET_ROWS_BACK", "OUT_PROD", "MUL_MAT", "PAD", "PAD_REFLECT_1D", "DIAG",
                          "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING",
-                         "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK")
+                         "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK",
+                         "FLASH_ATTN_EXT", "CONV_2D", "CONV_TRANSPOSE_1D")
         return all(s.base is not node.base or (not strict and s.same_view(node)) for s in tensors[1:])
 
 

@@ -564,3 +564,5 @@ def _pool_2d_back(n: Tensor) -> None:
 
 
 __all__ = ["KERNELS", "SUPPORT", "Unsupported", "check_view", "desc", "view_extent"]
+
+from . import kernels_attn  # noqa: E402,F401  (FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D)
