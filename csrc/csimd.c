@@ -642,13 +642,13 @@ int csimd_pool_2d_back(int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s
 }
 
 /* FLASH_ATTN_EXT: q [D, NQ, H, B], k [D, NKV, Hk, B], v [Dv, NKV, Hv, B] (Hk, Hv divide H), mask
-   [>= NKV, >= NQ, m2, m3] or NULL; sinks and slopes: H floats each (sinks may be NULL), prepared and
-   sized by the caller; d [Dv, H, NQ, B] F32 */
+   [>= NKV, >= NQ, m2, m3] or NULL; sinks: F32, one value per head in logical order, or NULL (read at
+   call time); slopes: H floats, sized by the caller; d [Dv, H, NQ, B] F32 */
 static int is_float_type(int t) { return t == CSIMD_F32 || t == CSIMD_F16 || t == CSIMD_BF16; }
 
 int csimd_flash_attn_ext(const csimd_tensor *q, const csimd_tensor *k, const csimd_tensor *v, const csimd_tensor *mask,
-                         const float *sinks, const float *slopes, float scale, float softcap, const csimd_tensor *d,
-                         int nth) {
+                         const csimd_tensor *sinks, const float *slopes, float scale, float softcap,
+                         const csimd_tensor *d, int nth) {
     int rc = 0;
     if (!nonneg(q) || !nonneg(k) || !nonneg(v) || !nonneg(d) || (mask && !nonneg(mask)) || !slopes) return -1;
     if (!is_float_type(q->type) || !is_float_type(k->type) || !is_float_type(v->type) || d->type != CSIMD_F32 ||
@@ -661,6 +661,9 @@ int csimd_flash_attn_ext(const csimd_tensor *q, const csimd_tensor *k, const csi
         d->ne[2] != q->ne[1] || d->ne[3] != q->ne[3])
         return -1;
     if (mask && (mask->ne[0] < k->ne[1] || mask->ne[1] < q->ne[1] || mask->ne[2] <= 0 || mask->ne[3] <= 0)) return -1;
+    if (sinks && (!nonneg(sinks) || sinks->type != CSIMD_F32 || sinks->ne[0] <= 0 || sinks->ne[1] <= 0 ||
+                  sinks->ne[2] <= 0 || sinks->ne[3] <= 0 || nelem(sinks) < q->ne[2]))
+        return -1;
     nth = clamp_threads(nth);
     CALL_RC(rc, flash_attn, q, k, v, mask, sinks, slopes, scale, softcap, d, nth)
     return rc;

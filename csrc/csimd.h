@@ -68,7 +68,8 @@ int csimd_pool_2d_back(int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s
                        const csimd_tensor *g, const csimd_tensor *x, const csimd_tensor *d, int nth);
 int csimd_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d, int nth);
 int csimd_flash_attn_ext(const csimd_tensor *q, const csimd_tensor *k, const csimd_tensor *v, const csimd_tensor *mask,
-                         const float *sinks, const float *slopes, float scale, float softcap, const csimd_tensor *d, int nth);
+                         const csimd_tensor *sinks, const float *slopes, float scale, float softcap, const csimd_tensor *d,
+                         int nth);
 int csimd_conv_2d(int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, const csimd_tensor *a,
                   const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_conv_transpose_1d(int64_t s0, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);

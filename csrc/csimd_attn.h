@@ -80,10 +80,11 @@ ATTR static void FN(xa_pv)(float *restrict a0, float *restrict a1, const float *
 }
 
 /* q [D, NQ, H, B], k [D, NKV, Hk, B], v [Dv, NKV, Hv, B] (F32/F16/BF16), mask [>= NKV, >= NQ, m2, m3]
-   (F16/F32, broadcast over heads and batches by modulo) or NULL, sinks (H floats) or NULL, slopes
-   (H floats); d [Dv, H, NQ, B] F32. K/V heads serve q heads in blocks (GQA). */
+   (F16/F32, broadcast over heads and batches by modulo) or NULL, sinks (F32, >= H values, head h at
+   logical index h) or NULL, slopes (H floats); d [Dv, H, NQ, B] F32. K/V heads serve q heads in
+   blocks (GQA). */
 ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, const csimd_tensor *v,
-                               const csimd_tensor *mask, const float *sinks, const float *slopes, float scale,
+                               const csimd_tensor *mask, const csimd_tensor *sinks, const float *slopes, float scale,
                                float softcap, const csimd_tensor *d, int nth) {
     const int64_t D = q->ne[0], NQ = q->ne[1], H = q->ne[2], B = q->ne[3];
     const int64_t NKV = k->ne[1], Dv = v->ne[0], rk = H / k->ne[2], rv = H / v->ne[2];
@@ -185,7 +186,9 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                 float *a = A + l * dvp;
                 float m = M[l], sl = L[l];
                 if (sinks) {
-                    const float sk = sinks[h];
+                    const int64_t s0 = sinks->ne[0], s1 = sinks->ne[1], s2 = sinks->ne[2];
+                    float sk;
+                    memcpy(&sk, ELT(sinks, h % s0, (h / s0) % s1, (h / (s0 * s1)) % s2, h / (s0 * s1 * s2)), 4);
                     if (sk > m) {
                         const float ms = m > -INFINITY ? expf(m - sk) : 0.0f;
                         sl *= ms;

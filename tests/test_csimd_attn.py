@@ -154,6 +154,39 @@ def test_flash_attn_thread_count_does_not_change_results(monkeypatch):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_flash_attn_planned_graph_reads_sinks_and_mask_at_every_compute():
+    """A plan prepares the call once; sinks and mask changed afterwards must still be what it uses."""
+    be = _backend()
+    rng = np.random.default_rng(9)
+    D, nq, nkv, H = 32, 10, 70, 4
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((H, nq, D), (2, nkv, D), (2, nkv, D)))
+    masks = [_mask_values(rng, (1, 1, nq, nkv), kind).astype(np.float32) for kind in ("random", "causal")]
+    sinks = [rng.uniform(-1, 2, H).astype(np.float32), rng.uniform(3, 5, H).astype(np.float32)]
+
+    def build(ctx, mask, sink):
+        m = ctx.from_numpy(mask[0, 0], F16)
+        base = ctx.from_numpy(np.stack([sink, np.full(H, np.nan, np.float32)], axis=1))  # ne [2, H]
+        s = pc.view_2d(base, 1, H, base.nb[1], 0)  # a strided view: the sinks are column 0, ne [1, H]
+        y = pc.flash_attn_ext(ctx.from_numpy(q), ctx.from_numpy(k, F16), ctx.from_numpy(v, F16), m, scale=0.2,
+                              sinks=s)
+        return y, m, s
+
+    ctx = pc.Context()
+    y, m, s = build(ctx, masks[0], sinks[0])
+    step = pc.plan(y, be, strict=True)
+    got = []
+    for mask, sink in zip(masks, sinks):
+        m.set(mask[0, 0])
+        s.set(sink.reshape(H, 1))
+        step.compute()
+        got.append(np.array(y.host()))
+    for (mask, sink), g in zip(zip(masks, sinks), got):
+        ref, _, _ = build(pc.Context(), mask, sink)
+        pc.compute(ref, "numpy")
+        np.testing.assert_allclose(g, ref.host(), rtol=2e-5, atol=2e-6)
+    assert not np.allclose(got[0], got[1])
+
+
 # ------------------------------------------------------------------ CONV_2D
 CONV_2D_CASES = [
     # (input ne [W, H, IC, N], kernel ne [KW, KH, IC, OC], s0, s1, p0, p1, d0, d1, kernel type, input type, layout)

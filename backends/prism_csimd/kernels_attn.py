@@ -1,8 +1,9 @@
 """csimd wrappers of the C kernels in csrc/csimd_attn.h: FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D.
 
 Registered in the same KERNELS/SUPPORT tables as the rest (imported at the bottom of
-:mod:`prism_csimd.kernels`); every tensor reaches C through :func:`desc`, and the per-head arrays
-(ALiBi slopes, sinks) are built here, sized to the head count the C side indexes.
+:mod:`prism_csimd.kernels`); every tensor reaches C through :func:`desc` (so its values, the sinks
+included, are read at call time and a prepared call stays valid), and the ALiBi slopes, which
+depend on the params only, are built here with one value per head.
 """
 
 from __future__ import annotations
@@ -19,13 +20,6 @@ from .kernels import FLOATS, ONLY_F32, _check, _lib, _nth, _state, desc, kernel
 F32_F16 = frozenset({F32, F16})
 
 
-def _per_head(values: np.ndarray, n_head: int, what: str) -> np.ndarray:
-    arr = np.ascontiguousarray(np.asarray(values, np.float32).reshape(-1))
-    if arr.size != n_head:
-        raise InvalidArgument(f"csimd FLASH_ATTN_EXT: {what} needs {n_head} values (one per head), has {arr.size}")
-    return arr
-
-
 # mask: the op table accepts F16; the C kernel also reads F32
 @kernel((ONLY_F32, FLOATS, FLOATS, F32_F16, ONLY_F32), ONLY_F32, "FLASH_ATTN_EXT")
 def _flash_attn_ext(n: Tensor) -> None:
@@ -36,13 +30,12 @@ def _flash_attn_ext(n: Tensor) -> None:
     sinks = n.src[4] if len(n.src) > 4 else None
     p = n.params
     n_head = q.ne[2]
-    slopes = _per_head(alibi_slopes(n_head, float(p["max_bias"])), n_head, "ALiBi slopes")
+    slopes = np.ascontiguousarray(alibi_slopes(n_head, float(p["max_bias"])), np.float32)  # one per head
     keep.append(slopes)
-    sp = ffi.NULL
-    if sinks is not None:
-        sv = _per_head(sinks.host(), n_head, "sinks")  # logical (ggml) order of the sink values
-        keep.append(sv)
-        sp = ffi.from_buffer("float[]", sv)
+    if sinks is not None and sinks.nelements != n_head:  # the op table's rule; C checks it again
+        raise InvalidArgument(f"csimd FLASH_ATTN_EXT: sinks needs {n_head} values (one per head), has "
+                              f"{sinks.nelements}")
+    sp = desc(sinks, keep) if sinks is not None else ffi.NULL
     md = desc(mask, keep) if mask is not None else ffi.NULL
     work = q.ne[3] * n_head * q.ne[1] * k.ne[1] * (q.ne[0] + v.ne[0])
     _check(_lib().csimd_flash_attn_ext(desc(q, keep), desc(k, keep), desc(v, keep), md, sp,
