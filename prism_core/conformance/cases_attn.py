@@ -76,6 +76,17 @@ def flash_attn_cases(d: OpDef) -> Iterator[Case]:
             return Built(B.flash_attn_ext(q, k, v, m, scale=1 / np.sqrt(hs), max_bias=mb, logit_softcap=sc))
         yield Case(d.key, f"hs={hs},n_q={n_q},n_kv={n_kv},heads={h}/{h // gqa},mask={use_mask},max_bias={mb},"
                           f"softcap={sc},kv={tname(tkv)}", build)
+    def long_causal(c, r):
+        # keys beyond one block of a blocked kernel, and scores that grow along the keys so the
+        # running maximum of an online softmax moves between blocks
+        q = leaf(c, r, F32, (64, 9, 4, 1))
+        ramp = np.linspace(0.0, 3.0, 300, dtype=np.float32)[:, None] * np.ones(64, np.float32)
+        kv = r.standard_normal((2, 300, 64)).astype(np.float32) + ramp
+        k, v = (c.from_numpy(kv[None].astype(np.float16), F16) for _ in range(2))
+        causal = np.where(np.arange(300)[None, :] <= 290 + np.arange(10)[:, None], 0.0, -np.inf)
+        m = c.from_numpy(causal.reshape(1, 1, 10, 300).astype(np.float16), F16)
+        return Built(B.flash_attn_ext(q, k, v, m, scale=0.125))
+    yield Case(d.key, "300 keys,causal,rising scores,kv=f16", long_causal)
     yield Case(d.key, "sinks,mask broadcast over 2 batches", lambda c, r: Built(B.flash_attn_ext(
         leaf(c, r, F32, (32, 5, 4, 2)), leaf(c, r, F16, (32, 9, 2, 2)), leaf(c, r, F16, (32, 9, 2, 2)),
         c.from_numpy(r.uniform(-1, 0, (1, 1, 5, 9)).astype(np.float16), F16), scale=0.2,
