@@ -701,3 +701,107 @@ int csimd_conv_transpose_1d(int64_t s0, const csimd_tensor *a, const csimd_tenso
     CALL_RC(rc, conv_transpose_1d, s0, a, b, d, nth)
     return rc;
 }
+
+/* ROPE / ROPE_BACK (back = 1: the inverse rotation). Builds the per-pair tables (inverse frequency,
+   position stream, freq factor, YaRN ramp mix) as the reference computes them, in double; the kernel
+   then computes each token's cos/sin cache once and rotates every row with it. corr_low/high: YaRN's
+   correction range of pair indices (prism_core.semantics.rope_yarn_corr_dims), used when ext_factor != 0. */
+int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t *sections, double freq_base,
+               double freq_scale, double ext_factor, double attn_factor, double corr_low, double corr_high,
+               const csimd_tensor *a, const csimd_tensor *pos, const csimd_tensor *ff, const csimd_tensor *d, int nth) {
+    const int multi = mode == 8 || mode == 24 || mode == 40;
+    if (mode != 0 && mode != 2 && !multi) return -1;
+    if (!nonneg(a) || !nonneg(d) || !nonneg(pos) || !same_ne(a, d) || a->type != d->type ||
+        (a->type != CSIMD_F32 && a->type != CSIMD_F16) || pos->type != CSIMD_I32 || (ff && !nonneg(ff)) ||
+        (ff && ff->type != CSIMD_F32) || !sections || n_dims <= 0 || n_dims % 2 || n_offs < 0 || n_offs % 2 ||
+        !(freq_base > 0) || !(freq_scale > 0))
+        return -1;
+    for (int k = 0; k < 4; k++)
+        if (a->ne[k] <= 0 || sections[k] < 0) return -1;
+    const int64_t n_pairs = mode == 24 ? n_dims : n_dims / 2, streams = multi ? 4 : 1;
+    const int64_t s0 = sections[0], s1 = sections[1], s2 = sections[2], ssum = s0 + s1 + s2 + sections[3];
+    if ((mode == 24 && n_offs != 0) || n_offs + 2 * n_pairs > a->ne[0] || pos->ne[0] < streams * a->ne[2] ||
+        (multi && ssum <= 0) || (ff && nelem(ff) < n_pairs))
+        return -1;
+    csimd_rope_tab t;
+    t.mode = mode;
+    t.streams = (int)streams;
+    t.n_pairs = n_pairs;
+    t.n_offs = n_offs;
+    t.freq_scale = freq_scale;
+    t.ext_factor = ext_factor;
+    t.mscale = ext_factor != 0.0 ? attn_factor * (1.0 + 0.1 * log(1.0 / freq_scale)) : attn_factor;
+    t.sign = back ? -1.0 : 1.0;
+    double *tabs = (double *)malloc((size_t)n_pairs * 3 * sizeof(double));
+    t.which = (int *)malloc((size_t)n_pairs * sizeof(int));
+    if (!tabs || !t.which) {
+        free(tabs);
+        free(t.which);
+        return -2;
+    }
+    t.inv_freq = tabs;
+    t.mix = tabs + n_pairs;
+    t.ffac = ff ? tabs + 2 * n_pairs : NULL;
+    const double span = corr_high - corr_low > 0.001 ? corr_high - corr_low : 0.001;
+    for (int64_t k = 0; k < n_pairs; k++) {
+        int w = 0;
+        double e = (double)k; /* the exponent's pair index: VISION restarts it in each section */
+        if (multi) {
+            const int64_t sect = k % ssum;
+            if (mode == 40) w = (sect % 3 == 1 && sect < 3 * s1) ? 1 : (sect % 3 == 2 && sect < 3 * s2) ? 2
+                              : (sect % 3 == 0 && sect < 3 * s0) ? 0 : 3;
+            else w = sect < s0 ? 0 : sect < s0 + s1 ? 1 : sect < s0 + s1 + s2 ? 2 : 3;
+            if (mode == 24) {
+                const int64_t start[4] = {0, s0, s0 + s1, s0 + s1 + s2};
+                e = (double)(sect - start[w]);
+            }
+        }
+        t.which[k] = w;
+        t.inv_freq[k] = pow(freq_base, -2.0 * e / (double)n_dims);
+        double ramp = ((double)k - corr_low) / span;
+        ramp = 1.0 - (ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp);
+        t.mix[k] = ramp * ext_factor;
+        if (ff) { /* element k of ff in logical (row-major) order */
+            const int64_t i0 = k % ff->ne[0], i1 = (k / ff->ne[0]) % ff->ne[1];
+            const int64_t i2 = (k / (ff->ne[0] * ff->ne[1])) % ff->ne[2], i3 = k / (ff->ne[0] * ff->ne[1] * ff->ne[2]);
+            float v;
+            memcpy(&v, ELT(ff, i0, i1, i2, i3), 4);
+            t.ffac[k] = (double)v;
+        }
+    }
+    int rc = 0;
+    nth = clamp_threads(nth);
+    CALL_RC(rc, rope, &t, a, pos, d, nth)
+    free(tabs);
+    free(t.which);
+    return rc;
+}
+
+/* UPSCALE (F32 -> F32): NEAREST, or BILINEAR in dims 0, 1 with or without align_corners */
+int csimd_upscale(int bilinear, int align_corners, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    int rc = 0;
+    if (!nonneg(a) || !nonneg(d) || a->type != CSIMD_F32 || d->type != CSIMD_F32 || (align_corners && !bilinear))
+        return -1;
+    for (int k = 0; k < 4; k++)
+        if (a->ne[k] <= 0 || d->ne[k] <= 0) return -1;
+    nth = clamp_threads(nth);
+    CALL_RC(rc, upscale, bilinear, align_corners, a, d, nth)
+    return rc;
+}
+
+/* IM2COL_BACK: d (F32, the input's extents) = the adjoint of IM2COL applied to g (IM2COL's extents) */
+int csimd_im2col_back(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t KH,
+                      int64_t KW, const csimd_tensor *g, const csimd_tensor *d, int nth) {
+    if (!nonneg(g) || !nonneg(d) || d->type != CSIMD_F32 || g->type == CSIMD_I32 || g->type == CSIMD_I64 ||
+        KH < 1 || KW < 1 || s0 < 1 || p0 < 0 || d0 < 0)
+        return -1;
+    if (!is2d) { KH = 1; s1 = 1; p1 = 0; d1 = 1; }
+    if (s1 < 1 || p1 < 0 || d1 < 0) return -1;
+    const int64_t IC = is2d ? d->ne[2] : d->ne[1], N = is2d ? d->ne[3] : d->ne[2];
+    if (g->ne[0] != IC * KH * KW || (is2d ? g->ne[3] : g->ne[2]) != N ||
+        (!is2d && (g->ne[3] != 1 || d->ne[3] != 1)))
+        return -1;
+    nth = clamp_threads(nth);
+    CALL(im2col_back, is2d, s0, s1, p0, p1, d0, d1, KH, KW, g, d, nth)
+    return 0;
+}

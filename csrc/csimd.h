@@ -73,4 +73,10 @@ int csimd_flash_attn_ext(const csimd_tensor *q, const csimd_tensor *k, const csi
 int csimd_conv_2d(int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, const csimd_tensor *a,
                   const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_conv_transpose_1d(int64_t s0, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t *sections, double freq_base,
+               double freq_scale, double ext_factor, double attn_factor, double corr_low, double corr_high,
+               const csimd_tensor *a, const csimd_tensor *pos, const csimd_tensor *ff, const csimd_tensor *d, int nth);
+int csimd_upscale(int bilinear, int align_corners, const csimd_tensor *a, const csimd_tensor *d, int nth);
+int csimd_im2col_back(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t KH,
+                      int64_t KW, const csimd_tensor *g, const csimd_tensor *d, int nth);
 #endif

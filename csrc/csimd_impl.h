@@ -1283,6 +1283,7 @@ ATTR static void FN(group_norm)(int64_t n_groups, float eps, const csimd_tensor 
     }
 }
 #include "csimd_attn.h" /* FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D */
+#include "csimd_rope.h" /* ROPE, ROPE_BACK, UPSCALE, IM2COL_BACK */
 #undef NV
 #undef KC
 #undef NCB

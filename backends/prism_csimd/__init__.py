@@ -31,6 +31,7 @@ from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, SUPPORT
+from .kernels_rope import rope_supported
 
 ENV_ISA = "PRISM_CSIMD_ISA"
 ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
@@ -52,6 +53,7 @@ REQUIRED_FUNCTIONS = (
     "csimd_argsort", "csimd_set_rows", "csimd_mul_mat_id", "csimd_count_equal", "csimd_pool", "csimd_im2col",
     "csimd_pool_2d_back",
     "csimd_flash_attn_ext", "csimd_conv_2d", "csimd_conv_transpose_1d",
+    "csimd_rope", "csimd_upscale", "csimd_im2col_back",
 )
 
 
@@ -221,6 +223,8 @@ class CsimdBackend(prism_core.Backend):
         if key == "GET_ROWS_BACK" and (node.ne[2:] != (1, 1) or node.src[0].ne[2:] != (1, 1)
                                        or node.src[1].nelements != node.src[0].ne[1]):
             return False
+        if key in ("ROPE", "ROPE_BACK") and not rope_supported(node):
+            return False  # parameters for which the reference raises (see kernels_rope.rope_supported)
         if not all(t.nelements > 0 and t.is_element_aligned() and _inside(t) for t in tensors):
             return False
         if key in ("MUL_MAT", "OUT_PROD") and node.nb[0] != node.traits.type_size:
@@ -233,6 +237,7 @@ class CsimdBackend(prism_core.Backend):
                          "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING",
                          "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK",
                          "FLASH_ATTN_EXT", "CONV_2D", "CONV_TRANSPOSE_1D")
+        strict = strict or key in ("UPSCALE", "IM2COL_BACK")  # gather from other positions than they write
         return all(s.base is not node.base or (not strict and s.same_view(node)) for s in tensors[1:])
 
 

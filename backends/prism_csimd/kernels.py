@@ -565,4 +565,6 @@ def _pool_2d_back(n: Tensor) -> None:
 
 __all__ = ["KERNELS", "SUPPORT", "Unsupported", "check_view", "desc", "view_extent"]
 
-from . import kernels_attn  # noqa: E402,F401  (FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D)
+# registering: FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D (kernels_attn); ROPE, ROPE_BACK, UPSCALE,
+# IM2COL_BACK (kernels_rope)
+from . import kernels_attn, kernels_rope  # noqa: E402,F401
