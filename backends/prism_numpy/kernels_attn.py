@@ -9,19 +9,10 @@ import numpy as np
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.ops import RopeMode
-from prism_core.semantics import alibi_slopes
+from prism_core.semantics import alibi_slopes, rope_yarn_corr_dims
 from prism_core.types import from_f32
 
 from .kernels import kernel, store, val
-
-
-def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
-    """YaRN's correction range [low, high] of pair indices (ggml_rope_yarn_corr_dims)."""
-    def corr_dim(n_rot: float) -> float:
-        with np.errstate(divide="ignore"):
-            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base)) \
-                if n_rot > 0 and n_ctx_orig > 0 else (math.inf if n_rot == 0 else -math.inf)
-    return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
 
 
 def rope_angles(n: Tensor, pos: np.ndarray, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +44,7 @@ def rope_angles(n: Tensor, pos: np.ndarray, n_pairs: int) -> tuple[np.ndarray, n
     theta = p["freq_scale"] * theta_base
     mscale = p["attn_factor"]
     if p["ext_factor"] != 0.0:
-        low, high = _corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        low, high = rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
         ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
         mix = ramp * p["ext_factor"]
         theta = theta * (1 - mix) + theta_base * mix
