@@ -9,21 +9,28 @@ Threads: all cores by default; ``PRISM_NUM_THREADS=n`` sets the count (capped at
 numba's ``NUMBA_NUM_THREADS``), applied with ``numba.set_num_threads`` before every
 kernel call (numba's setting is per calling thread). Nodes with little work (under
 ``SERIAL_WORK`` elementary steps, or ``$PRISM_NUMBA_SERIAL_WORK``; 0 parallelises every
-node) run on the calling thread alone: waking the pool costs more than they do.
+node) run on the calling thread alone, with each kernel's serial compilation (no ``prange``
+launch): waking the pool costs more than they do.
+
+``prepare(node)`` (used by plans) records a node's kernel calls once, entry points resolved
+and arguments bound, so that a planned small node costs about one compiled-function call.
 
 ``warm_up()`` compiles (or loads from the on-disk cache) the kernels of common graphs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from importlib import metadata
 
 import prism_core
 from prism_core import I32, Tensor
+from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
-from .kernels import KERNELS, SUPPORT
+from .kernels import KERNELS, SUPPORT, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
 __all__ = ["NumbaBackend", "warm_up"]
@@ -76,14 +83,11 @@ class NumbaBackend(prism_core.Backend):
             return False, str(e)
         return True, ""
 
-    def _apply_threads(self, work: int | None = None) -> int:
-        """Set numba's thread count for this calling thread: the configured count, or 1
-        for a node with less than serial_work() elementary steps (waking the pool costs more)."""
+    def _apply_threads(self) -> int:
+        """Set numba's thread count for this calling thread (numba's setting is per thread)."""
         import numba
         n = requested_threads()
         n = numba.config.NUMBA_NUM_THREADS if n is None else min(n, numba.config.NUMBA_NUM_THREADS)
-        if work is not None and work < serial_work():
-            n = 1
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
         return n
@@ -121,8 +125,55 @@ class NumbaBackend(prism_core.Backend):
         return all(s.base is not node.base or s.same_view(node) for s in tensors[1:])
 
     def compute(self, node: Tensor) -> None:
-        self._apply_threads(_work(node))
-        super().compute(node)
+        if node.opdef is None or node.opdef.key not in KERNELS:
+            super().compute(node)  # raises Unsupported
+            return
+        serial = _work(node) < serial_work()
+        if not serial:
+            self._apply_threads()
+        run_wrapper(node, serial)
+
+    def prepare(self, node: Tensor) -> Callable[[], None] | None:
+        """The node's kernel calls resolved once: compiled entry points and bound arguments
+        (kernels.record). A node with little work gets the serial compilations, called
+        directly (no thread pool, no lock, no thread setting): a prepared call costs about
+        what calling the compiled function costs. Whether a node is small is decided here,
+        from ``PRISM_NUMBA_SERIAL_WORK`` as it is now; a parallel call applies the thread count
+        (``PRISM_NUM_THREADS``) every time, as compute() does. None (the general compute)
+        for wrappers that read tensor values."""
+        if node.opdef is None or node.opdef.key not in KERNELS:
+            return None
+        serial = _work(node) < serial_work()
+        try:
+            calls = record(node, serial)
+        except Unsupported:
+            return None  # the general compute raises it again, where the plan runs
+        if not calls:
+            return None
+        if all(not c.parallel for c in calls):
+            if len(calls) == 1:
+                return partial(calls[0].entry, *calls[0].args)
+            bound = [partial(c.entry, *c.args) for c in calls]
+
+            def serial_calls() -> None:
+                for f in bound:
+                    f()
+            return serial_calls
+        return partial(_parallel_calls, self, calls)
+
+
+def _parallel_calls(be: NumbaBackend, calls: list[BoundCall]) -> None:
+    import numba
+
+    from ._jit import _RUN
+    n = be._apply_threads()
+    with _RUN:
+        for c in calls:
+            if c.stream and c.parallel and n > 1:
+                numba.set_num_threads(max(1, n // 2))  # bound by memory bandwidth (kernels._stream_threads)
+            c.entry(*c.args)
+            if c.stream and c.parallel and n > 1:
+                numba.set_num_threads(n)
 
 
 @prism_core.hookimpl

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
+import types as pytypes
 
 import numba
 import numpy as np
@@ -765,29 +766,60 @@ def _numba_type(x, c_layout: bool = False):
 
 
 _LOCK = threading.Lock()  # compiling
-_RUN = threading.Lock()  # launching: numba's default "workqueue" threading layer is not thread-safe
+_RUN = threading.Lock()  # launching parallel kernels: numba's threading layers are not all thread-safe
+
+
+def _serial_dispatcher(dispatcher):
+    """The same kernel compiled without ``parallel`` (its ``prange`` loops run as ``range`` on
+    the calling thread): no thread-pool launch, which costs more than a small node's work.
+    A copy of the Python function under another qualified name, so that the on-disk cache
+    (keyed by name, not by compile options) keeps the two compilations apart."""
+    f = dispatcher.py_func
+    g = pytypes.FunctionType(f.__code__, f.__globals__, f.__name__ + "_serial", f.__defaults__, f.__closure__)
+    g.__qualname__ = f.__qualname__ + "_serial"
+    g.__module__, g.__doc__ = f.__module__, f.__doc__
+    opts = {k: v for k, v in dispatcher.targetoptions.items() if k not in ("parallel", "nopython")}
+    return njit(cache=True, **opts)(g)
 
 
 class Kernel:
     """A dispatcher compiled once per argument-type signature, every array typed as
     layout ``A``: contiguous arrays convert to it, so they never trigger a second
-    compilation."""
+    compilation. ``serial()`` is the same kernel compiled without the thread pool."""
 
-    def __init__(self, dispatcher, c_layout: bool = False) -> None:
+    def __init__(self, dispatcher, c_layout: bool = False, parallel: bool = True) -> None:
         self.dispatcher = dispatcher  # compilation is disabled after the first explicit compile
         self.c_layout = c_layout  # C-contiguous arrays typed as layout C (unit strides known: vectorisable)
+        self.parallel = parallel  # launches go through numba's thread pool (serialised by _RUN)
         self.compiled: set[tuple] = set()
         self.entry: dict[tuple, object] = {}  # cheap argument key -> the compiled entry point
+        self._serial: Kernel | None = None
 
-    def __call__(self, *args):
-        # Dispatch on a cheap key (dtype, ndim, usable) instead of numba's own typing of
-        # every argument: small nodes are dominated by this per-call cost.
+    def serial(self) -> Kernel:
+        """This kernel compiled without ``parallel`` (created, and compiled per signature, on first use)."""
+        if self._serial is None:
+            with _LOCK:
+                if self._serial is None:
+                    self._serial = (Kernel(_serial_dispatcher(self.dispatcher), self.c_layout, parallel=False)
+                                    if self.parallel else self)
+        return self._serial
+
+    def entry_point(self, args: tuple):
+        """The compiled function for these arguments (compiled on first use); call it with them.
+        Dispatch is on a cheap key (dtype, ndim, usable, contiguous) instead of numba's own
+        typing of every argument: small nodes are dominated by this per-call cost."""
         c = self.c_layout
         key = tuple((x.dtype.char, x.ndim, x.flags.writeable and x.flags.aligned, c and x.flags.c_contiguous)
                     if isinstance(x, np.ndarray) else type(x) for x in args)
         entry = self.entry.get(key)
         if entry is None:
             entry = self.entry[key] = self._entry_point(tuple(_numba_type(x, c) for x in args))
+        return entry
+
+    def __call__(self, *args):
+        entry = self.entry_point(args)
+        if not self.parallel:
+            return entry(*args)
         with _RUN:
             return entry(*args)
 

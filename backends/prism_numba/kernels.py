@@ -7,7 +7,9 @@ on the first kernel call, so a missing or broken numba never breaks discovery.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,6 +29,10 @@ COPYABLE = FLOATS | INDICES  # CPY never converts floats to I32 (see NumbaBacken
 # A source beyond the tuple must be absent (None).
 SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] = {}
 
+# Keys whose wrapper reads tensor values (indices to check, hyper-parameters, positions), not
+# only shapes, params and memory: they cannot be recorded once by prepare() (see record()).
+READS_VALUES: set[str] = set()
+
 _jit_module = None
 
 
@@ -38,11 +44,17 @@ def _jit():
     return _jit_module
 
 
-def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str):
+def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str,
+           reads_values: bool = False):
+    """Register a node wrapper for ``keys``. A wrapper passes everything to compiled kernels
+    through :func:`_run`; one whose arguments depend on tensor values (not only on shapes,
+    params and memory) must say ``reads_values=True``."""
     def deco(f):
         for k in keys:
             KERNELS[k] = f
             SUPPORT[k] = (srcs, out)
+            if reads_values:
+                READS_VALUES.add(k)
         return f
     return deco
 
@@ -63,8 +75,68 @@ def kind(t: Tensor) -> int:
     return 2 if t.type == BF16 else 1
 
 
-def _run(name: str, *args) -> None:
-    _jit().KERNELS[name](*args)
+class _Mode(threading.local):
+    """How this Python thread's wrappers run their kernels: ``serial`` (the compilation without
+    the thread pool, for nodes with little work), and ``calls`` (when a list: record the calls
+    instead of making them; see record())."""
+
+    def __init__(self) -> None:
+        self.serial = False
+        self.calls: list | None = None
+
+
+_MODE = _Mode()
+
+
+def _run(name: str, *args, stream: bool = False) -> None:
+    """Call compiled kernel ``name``; ``stream``: it streams from memory (see _stream_threads)."""
+    k = _jit().KERNELS[name]
+    mode = _MODE
+    if mode.serial:
+        k = k.serial()
+    if mode.calls is not None:
+        mode.calls.append(BoundCall(k.entry_point(args), args, k.parallel, stream))
+        return
+    if stream and k.parallel:
+        _stream_threads()
+    k(*args)
+
+
+class BoundCall(NamedTuple):
+    """One recorded kernel call."""
+    entry: Callable  # the compiled entry point
+    args: tuple
+    parallel: bool  # through numba's thread pool
+    stream: bool  # streams from memory: half the threads (see _stream_threads)
+
+
+def run_wrapper(n: Tensor, serial: bool) -> None:
+    """Compute ``n`` with its wrapper; ``serial``: with the kernels' serial compilations."""
+    mode = _MODE
+    prev = mode.serial
+    mode.serial = serial
+    try:
+        KERNELS[n.opdef.key](n)
+    finally:
+        mode.serial = prev
+
+
+def record(n: Tensor, serial: bool) -> list[BoundCall] | None:
+    """The kernel calls that computing ``n`` makes, with their entry points resolved (compiled
+    now if need be) and their arguments bound (host views of the node's memory, lookup tables,
+    scalars from its params), or None when the wrapper reads tensor values (READS_VALUES) and
+    must run on every compute. Valid while the node and its sources keep their memory."""
+    if n.opdef is None or n.opdef.key in READS_VALUES or n.opdef.key not in KERNELS:
+        return None
+    mode = _MODE
+    prev = mode.serial, mode.calls
+    mode.serial, mode.calls = serial, []
+    try:
+        KERNELS[n.opdef.key](n)
+        calls = mode.calls
+    finally:
+        mode.serial, mode.calls = prev
+    return calls or None
 
 
 STREAMING = 1 << 22  # elements: a flat op this large streams from memory, past the caches
@@ -135,9 +207,8 @@ def _binary(n: Tensor) -> None:
     if a.type == b.type == n.type == F32 and a.ne == n.ne and (b.ne == n.ne or b.ne[1:] == (1, 1, 1)):
         fa, fb, fo = _flat(a.host()), _flat(b.host()), _flat(n.host())
         if fa is not None and fb is not None and fo is not None and b.ne[0] == n.ne[0]:
-            if fo.size >= STREAMING and fb.size == fo.size:
-                _stream_threads()
-            _run("binary_flat", fa, fb, fo, BINARY_CODES[n.opdef.key])  # contiguous: vectorised
+            _run("binary_flat", fa, fb, fo, BINARY_CODES[n.opdef.key],  # contiguous: vectorised
+                 stream=fo.size >= STREAMING and fb.size == fo.size)
             return
     _run("binary", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n), BINARY_CODES[n.opdef.key], 0.0, 0.0)
 
@@ -148,14 +219,14 @@ def _silu_back(n: Tensor) -> None:
     _run("binary", arr(g), lut(g), arr(x), lut(x), arr(n), kind(n), 4, 0.0, 0.0)
 
 
-@kernel((ONLY_F32,) * 3, ONLY_F32, "OPT_STEP_SGD")
+@kernel((ONLY_F32,) * 3, ONLY_F32, "OPT_STEP_SGD", reads_values=True)
 def _sgd(n: Tensor) -> None:
     a, g, p = n.src
     alpha, wd = (float(v) for v in p.host().reshape(-1))
     _run("binary", arr(a), lut(a), arr(g), lut(g), arr(n), kind(n), 5, alpha, wd)
 
 
-@kernel((ONLY_F32,) * 5, ONLY_F32, "OPT_STEP_ADAMW")
+@kernel((ONLY_F32,) * 5, ONLY_F32, "OPT_STEP_ADAMW", reads_values=True)
 def _adamw(n: Tensor) -> None:
     a, g, m, v, p = n.src
     vals = [float(x) for x in p.host().reshape(-1)]
@@ -276,7 +347,7 @@ def _cross_entropy_loss(n: Tensor) -> None:
     _run("cross_entropy", arr(a), arr(b), arr(n), 1.0, 0)
 
 
-@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
+@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK", reads_values=True)
 def _cross_entropy_loss_back(n: Tensor) -> None:
     g, a, b = n.src[0], n.src[1], n.src[2]
     _run("cross_entropy", arr(a), arr(b), arr(n), float(g.host().reshape(-1)[0]), 1)
@@ -295,7 +366,7 @@ def _out_prod(n: Tensor) -> None:
     _run("out_prod", arr(a), lut(a), arr(n.src[1]), arr(n))
 
 
-@kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS")
+@kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
 def _get_rows(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
     idx = b.host()
@@ -305,7 +376,7 @@ def _get_rows(n: Tensor) -> None:
     _run("get_rows", arr(a), lut(a), idx, arr(n))
 
 
-@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK")
+@kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK", reads_values=True)
 def _get_rows_back(n: Tensor) -> None:
     g, b = n.src[0], n.src[1]
     idx = b.host()

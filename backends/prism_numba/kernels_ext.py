@@ -35,7 +35,7 @@ def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta
     return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
 
 
-@kernel((F32_F16, INDICES, ONLY_F32), F32_F16, "ROPE", "ROPE_BACK")
+@kernel((F32_F16, INDICES, ONLY_F32), F32_F16, "ROPE", "ROPE_BACK", reads_values=True)
 def _rope(n: Tensor) -> None:
     a = n.src[0]
     pos = n.src[1].host().reshape(-1)
@@ -102,7 +102,7 @@ def _flash_attn_ext(n: Tensor) -> None:
          float(p["logit_softcap"]), int(mask is not None), int(sinks is not None))
 
 
-@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID")
+@kernel((FLOATS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
 def _mul_mat_id(n: Tensor) -> None:
     w, b, ids = n.src[0], n.src[1], n.src[2]
     idh = ids.host()
@@ -111,7 +111,7 @@ def _mul_mat_id(n: Tensor) -> None:
     _run("mul_mat_id", arr(w), lut(w), arr(b), lut(b), idh, arr(n))
 
 
-@kernel((F32_F16, frozenset({I32, I64}), FLOATS), FLOATS, "SET_ROWS")
+@kernel((F32_F16, frozenset({I32, I64}), FLOATS), FLOATS, "SET_ROWS", reads_values=True)
 def _set_rows(n: Tensor) -> None:
     b, c = n.src[0], n.src[1]
     rows = c.host()
