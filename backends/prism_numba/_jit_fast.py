@@ -7,6 +7,8 @@ anything else as layout A (so strided views still work, at the strided speed).
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -60,6 +62,98 @@ def binary_flat(a, b, o, op):
             else:
                 for j in range(nb):
                     orow[j] = ar[j] / b[j]
+
+
+# ------------------------------------------------------------------ elementwise, streaming
+# A result far larger than the caches is written with non-temporal (streaming) stores: they
+# skip reading each destination line into the cache before overwriting it, a third of the
+# memory traffic of o = a op b. LLVM keeps the hint only on aligned vector stores, so these
+# intrinsics write one 64-byte line per call (16 float32; two or four stores on AVX2/SSE).
+STREAM_VEC = 16
+STREAM_BLOCK = 4096  # lines (256 KiB of result) per parallel task, fenced after each
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686")
+
+
+def _stream_op(opname):
+    @intrinsic
+    def line_op(typingctx, a, b, o, i):
+        """o[i:i+16] = a[i:i+16] op b[i:i+16] (flat C-contiguous float32; &o[i] 64-byte aligned),
+        the result stored non-temporally."""
+        if not all(isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == types.float32
+                   for t in (a, b, o)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            vt = ir.VectorType(ir.FloatType(), STREAM_VEC)
+            ptrs = []
+            for ty, val in zip(signature.args[:3], args[:3]):
+                data = context.make_array(ty)(context, builder, val).data
+                ptrs.append(builder.bitcast(builder.gep(data, [args[3]], inbounds=True), vt.as_pointer()))
+            r = getattr(builder, opname)(builder.load(ptrs[0], align=4), builder.load(ptrs[1], align=4))
+            store = builder.store(r, ptrs[2], align=64)
+            store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+            return context.get_dummy_value()
+        return types.void(a, b, o, types.intp), codegen
+    return line_op
+
+
+_line_add, _line_sub, _line_mul, _line_div = (_stream_op(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """Order this thread's streaming stores before what follows (x86 sfence)."""
+    def codegen(context, builder, signature, args):
+        if _X86:
+            fn = builder.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), []))
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@njit(inline="always", **_OPTS)
+def _scalar_op(op, x, y):
+    if op == 0:
+        return x + y
+    if op == 1:
+        return x - y
+    if op == 2:
+        return x * y
+    return x / y
+
+
+@njit(parallel=True, **_OPTS)
+def binary_stream(a, b, o, op):
+    """binary_flat for a, b and o of equal lengths far larger than the caches: blocks of
+    STREAM_BLOCK lines in parallel, each whole 64-byte line of o written with a streaming store
+    (the elements before the first line boundary and after the last whole line: ordinary stores).
+    Same float32 arithmetic as binary_flat, so the same results."""
+    n = o.shape[0]
+    head = ((64 - o.ctypes.data % 64) % 64) // 4  # o is float32-aligned (checked by supports())
+    if head > n:
+        head = n
+    nv = (n - head) // STREAM_VEC  # whole lines
+    nblk = (nv + STREAM_BLOCK - 1) // STREAM_BLOCK  # numba's prange gives each thread a contiguous range
+    for blk in prange(nblk):
+        v0 = blk * STREAM_BLOCK
+        v1 = min(v0 + STREAM_BLOCK, nv)
+        if op == 0:
+            for v in range(v0, v1):
+                _line_add(a, b, o, head + v * STREAM_VEC)
+        elif op == 1:
+            for v in range(v0, v1):
+                _line_sub(a, b, o, head + v * STREAM_VEC)
+        elif op == 2:
+            for v in range(v0, v1):
+                _line_mul(a, b, o, head + v * STREAM_VEC)
+        else:
+            for v in range(v0, v1):
+                _line_div(a, b, o, head + v * STREAM_VEC)
+        _store_fence()
+    for i in range(head):
+        o[i] = _scalar_op(op, a[i], b[i])
+    for i in range(head + nv * STREAM_VEC, n):
+        o[i] = _scalar_op(op, a[i], b[i])
 
 
 @njit(parallel=True, **_OPTS)
@@ -181,10 +275,26 @@ def _ld32(a, lut, i3, i2, i1, i0):
     return impl
 
 
+def cv32(v, lut):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(cv32)
+def _cv32(v, lut):
+    """An element of a as float32: F16/BF16 bits through the lookup table, F32 as is."""
+    if v == types.uint16:
+        def impl(v, lut):
+            return lut[v]
+    else:
+        def impl(v, lut):
+            return np.float32(v)
+    return impl
+
+
 TILE_M = 64  # rows of a per task (multiple of 4)
 TILE_N = 64  # rows of b per task (multiple of 4)
 BLOCK_K = 256
-GEMV_ROWS = 16  # rows of a per task when b has fewer than 4 rows
+GEMV_ROWS = 64  # at most this many rows of a per task when b has fewer than 4 rows
 
 
 @njit(parallel=True, **_MM_OPTS)
@@ -192,7 +302,8 @@ def mul_mat(a, la, b, o):
     """o[i3, i2, n, m] = sum_k a[i3 // r3, i2 // r2, m, k] * b[i3, i2, n, k], float32 sums
     (a may be F16/BF16 bits: converted while packed).
 
-    b with fewer than 4 rows: dot products straight from memory (GEMV; memory bound).
+    b with fewer than 4 rows: dot products straight from memory (GEMV; memory bound), eight
+    rows of a at a time along row views (unit stride when a is contiguous), 8 to GEMV_ROWS rows per task.
     Otherwise tiles of TILE_M rows of a by TILE_N rows of b run in parallel; k is walked in
     blocks of BLOCK_K with both panels packed into contiguous float32 buffers (rows padded
     to a multiple of 4 with zeros) and a 4 x 4 register tile of dot products, vectorised
@@ -203,7 +314,8 @@ def mul_mat(a, la, b, o):
     r3 = n3 // a3
     r2 = n2 // a2
     if nn < 4:
-        tm = (nm + GEMV_ROWS - 1) // GEMV_ROWS
+        rows = min(GEMV_ROWS, max(8, nm // 64 // 8 * 8))  # at least 64 tasks while rows allow
+        tm = (nm + rows - 1) // rows
         for task in prange(n3 * n2 * tm):
             jm = task % tm
             t = task // tm
@@ -211,32 +323,54 @@ def mul_mat(a, la, b, o):
             i3 = t // n2
             k3 = i3 // r3
             k2 = i2 // r2
-            m = jm * GEMV_ROWS
-            me = min(m + GEMV_ROWS, nm)
-            while m + 4 <= me:  # four rows of a share each load of b
-                for q in range(nn):
-                    s0 = s1 = s2 = s3 = np.float32(0.0)
+            m = jm * rows
+            me = min(m + rows, nm)
+            for q in range(nn):
+                y = b[i3, i2, q]
+                orow = o[i3, i2, q]
+                mm = m
+                while mm + 8 <= me:  # eight rows of a share each load of b: eight independent streams
+                    x0 = a[k3, k2, mm]
+                    x1 = a[k3, k2, mm + 1]
+                    x2 = a[k3, k2, mm + 2]
+                    x3 = a[k3, k2, mm + 3]
+                    x4 = a[k3, k2, mm + 4]
+                    x5 = a[k3, k2, mm + 5]
+                    x6 = a[k3, k2, mm + 6]
+                    x7 = a[k3, k2, mm + 7]
+                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
                     for k in range(nk):
-                        y = b[i3, i2, q, k]
-                        s0 += ld32(a, la, k3, k2, m, k) * y
-                        s1 += ld32(a, la, k3, k2, m + 1, k) * y
-                        s2 += ld32(a, la, k3, k2, m + 2, k) * y
-                        s3 += ld32(a, la, k3, k2, m + 3, k) * y
-                    o[i3, i2, q, m] = s0
-                    o[i3, i2, q, m + 1] = s1
-                    o[i3, i2, q, m + 2] = s2
-                    o[i3, i2, q, m + 3] = s3
-                m += 4
-            while m < me:
-                for q in range(nn):
+                        yk = y[k]
+                        s0 += cv32(x0[k], la) * yk
+                        s1 += cv32(x1[k], la) * yk
+                        s2 += cv32(x2[k], la) * yk
+                        s3 += cv32(x3[k], la) * yk
+                        s4 += cv32(x4[k], la) * yk
+                        s5 += cv32(x5[k], la) * yk
+                        s6 += cv32(x6[k], la) * yk
+                        s7 += cv32(x7[k], la) * yk
+                    orow[mm] = s0
+                    orow[mm + 1] = s1
+                    orow[mm + 2] = s2
+                    orow[mm + 3] = s3
+                    orow[mm + 4] = s4
+                    orow[mm + 5] = s5
+                    orow[mm + 6] = s6
+                    orow[mm + 7] = s7
+                    mm += 8
+                while mm < me:
+                    x0 = a[k3, k2, mm]
                     s0 = np.float32(0.0)
                     for k in range(nk):
-                        s0 += ld32(a, la, k3, k2, m, k) * b[i3, i2, q, k]
-                    o[i3, i2, q, m] = s0
-                m += 1
+                        s0 += cv32(x0[k], la) * y[k]
+                    orow[mm] = s0
+                    mm += 1
         return
     tm = (nm + TILE_M - 1) // TILE_M
     tn = (nn + TILE_N - 1) // TILE_N
+    # pack along the axis that is contiguous in memory (k for row-major operands)
+    a_rows = a.strides[3] == a.itemsize or a.strides[2] > a.strides[3]
+    b_rows = b.strides[3] == b.itemsize or b.strides[2] > b.strides[3]
     for task in prange(n3 * n2 * tm * tn):
         jn = task % tn
         t = task // tn
@@ -255,12 +389,22 @@ def mul_mat(a, la, b, o):
         acc = np.zeros((TILE_N, TILE_M), np.float32)
         for kb in range(0, nk, BLOCK_K):
             kl = min(kb + BLOCK_K, nk) - kb
-            for mm in range(w):
+            if a_rows:
+                for mm in range(w):
+                    for k in range(kl):
+                        pa[mm, k] = ld32(a, la, k3, k2, m0 + mm, kb + k)
+            else:  # a transposed in memory (OUT_PROD): read along its contiguous axis
                 for k in range(kl):
-                    pa[mm, k] = ld32(a, la, k3, k2, m0 + mm, kb + k)
-            for qq in range(qn):
+                    for mm in range(w):
+                        pa[mm, k] = ld32(a, la, k3, k2, m0 + mm, kb + k)
+            if b_rows:
+                for qq in range(qn):
+                    for k in range(kl):
+                        pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
+            else:
                 for k in range(kl):
-                    pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
+                    for qq in range(qn):
+                        pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
             for qq in range(0, qn, 4):
                 for mm in range(0, w, 4):
                     s00 = s01 = s02 = s03 = np.float32(0.0)
@@ -313,4 +457,4 @@ def mul_mat(a, la, b, o):
                 o[i3, i2, q0 + qq, m0 + mm] = acc[qq, mm]
 
 
-KERNELS = {f.py_func.__name__: f for f in (binary_flat, unary_flat, rows_fast, mul_mat)}
+KERNELS = {f.py_func.__name__: f for f in (binary_flat, binary_stream, unary_flat, rows_fast, mul_mat)}

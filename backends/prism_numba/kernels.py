@@ -6,7 +6,9 @@ on the first kernel call, so a missing or broken numba never breaks discovery.
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -142,6 +144,28 @@ def record(n: Tensor, serial: bool) -> list[BoundCall] | None:
 STREAMING = 1 << 22  # elements: a flat op this large streams from memory, past the caches
 
 
+def _last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """The largest CPU cache of cpu0 (Linux sysfs), else ``default``."""
+    best = 0
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            best = max(best, int(digits) * mult)
+    return best or default
+
+
+# A flat binary result at least this large (and never smaller than 16 MiB) is written with
+# non-temporal stores (_jit_fast.binary_stream): it would not stay in the caches for its reader
+# anyway, and skipping the read of each destination line saves a third of the memory traffic.
+STREAM_STORES = max(16 << 20, _last_level_cache_bytes())
+
+
 def _stream_threads() -> None:
     """A streaming elementwise op is bound by memory bandwidth, which about half the cores
     already saturate: more threads only contend (measured: 2 threads on 2 cores run a 16M
@@ -207,8 +231,11 @@ def _binary(n: Tensor) -> None:
     if a.type == b.type == n.type == F32 and a.ne == n.ne and (b.ne == n.ne or b.ne[1:] == (1, 1, 1)):
         fa, fb, fo = _flat(a.host()), _flat(b.host()), _flat(n.host())
         if fa is not None and fb is not None and fo is not None and b.ne[0] == n.ne[0]:
-            _run("binary_flat", fa, fb, fo, BINARY_CODES[n.opdef.key],  # contiguous: vectorised
-                 stream=fo.size >= STREAMING and fb.size == fo.size)
+            code = BINARY_CODES[n.opdef.key]
+            if fb.size == fo.size and fo.nbytes >= STREAM_STORES:
+                _run("binary_stream", fa, fb, fo, code, stream=True)  # non-temporal stores
+            else:
+                _run("binary_flat", fa, fb, fo, code, stream=fo.size >= STREAMING and fb.size == fo.size)
             return
     _run("binary", arr(a), lut(a), arr(b), lut(b), arr(n), kind(n), BINARY_CODES[n.opdef.key], 0.0, 0.0)
 
@@ -363,7 +390,9 @@ def _mul_mat(n: Tensor) -> None:
 @kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
 def _out_prod(n: Tensor) -> None:
     a = n.src[0]
-    _run("out_prod", arr(a), lut(a), arr(n.src[1]), arr(n))
+    # out[j, i] = sum_t a[t, i] b[t, j] (NumPy order) is MUL_MAT of the transposed views:
+    # the same cache-blocked, register-tiled kernel, packing its panels along t
+    _run("mul_mat", arr(a).swapaxes(2, 3), lut(a), arr(n.src[1]).swapaxes(2, 3), arr(n))
 
 
 @kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
