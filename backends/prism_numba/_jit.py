@@ -6,7 +6,7 @@ inner loop over i0. F16 and BF16 tensors are passed as their uint16 bits with a
 65536-entry float32 lookup table for loads (exact) and are stored with
 round-to-nearest-even conversions that match NumPy / ggml bit for bit. Values are
 computed in float64 and rounded once to the output type, as the reference does
-(MUL_MAT alone accumulates in float32, within its op's error bound).
+(MUL_MAT and OUT_PROD alone accumulate in float32, within their ops' error bound).
 
 Each kernel is compiled on first use for the exact argument types it meets, with
 every array typed as layout ``A`` (so contiguous and strided inputs share one
@@ -724,30 +724,6 @@ def generate(t, o, mode, p0, p1):
                 o[0, 0, i, dim - 1] = 0.0
 
 
-# ------------------------------------------------------------------ matrices (MUL_MAT: _jit_fast)
-@njit(parallel=True, **_OPTS)
-def out_prod(a, la, b, o):
-    """o[i3, i2, j, i] = sum_t a[i3 // r3, i2 // r2, t, i] * b[i3, i2, t, j]; float64 accumulation."""
-    n3, n2, nj, ni = o.shape
-    nt = b.shape[2]
-    r3 = n3 // a.shape[0]
-    r2 = n2 // a.shape[1]
-    for task in prange(n3 * n2 * nj):
-        j = task % nj
-        t = task // nj
-        i2 = t % n2
-        i3 = t // n2
-        k3 = i3 // r3
-        k2 = i2 // r2
-        acc = np.zeros(ni, np.float64)
-        for tt in range(nt):
-            bv = np.float64(b[i3, i2, tt, j])
-            for i in range(ni):
-                acc[i] += ld(a, la, k3, k2, tt, i) * bv
-        for i in range(ni):
-            o[i3, i2, j, i] = acc[i]
-
-
 # ------------------------------------------------------------------ dispatch
 def _numba_type(x, c_layout: bool = False):
     if isinstance(x, np.ndarray):
@@ -844,7 +820,7 @@ class Kernel:
 KERNELS = {name: Kernel(f) for name, f in (
     ("unary", unary), ("binary", binary), ("adamw", adamw), ("cpy", cpy), ("get_rows", get_rows),
     ("rows", rows), ("soft_max", soft_max), ("cross_entropy", cross_entropy),
-    ("out_prod", out_prod), ("repeat_back", repeat_back), ("get_rows_back", get_rows_back),
+    ("repeat_back", repeat_back), ("get_rows_back", get_rows_back),
     ("reduce_all", reduce_all), ("argmax", argmax), ("group_norm", group_norm), ("glu", glu),
     ("concat", concat), ("index_map", index_map), ("argsort", argsort), ("generate", generate))}
 
