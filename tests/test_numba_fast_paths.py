@@ -76,6 +76,8 @@ def test_gemv_row_blocks_and_tails(ta, layout):
     ((70, 300, 1, 1), (67, 300, 1, 1), pc.F32),    # several 64 x 64 tiles, k in two blocks
     ((130, 40, 2, 1), (3, 40, 4, 3), pc.F32),      # j < 4: the GEMV path on a transposed a, broadcast
     ((16, 33, 2, 1), (12, 33, 2, 1), pc.F16),
+    ((20, 30, 2, 1), (70, 30, 2, 1), pc.F16),      # j > 64: a copied transposed (F16 bits)
+    ((90, 30, 1, 1), (66, 30, 1, 1), pc.BF16),
     ((784, 64, 1, 1), (500, 64, 1, 1), pc.F32),    # the MLP's weight gradient shape (batch 64)
 ])
 def test_out_prod_through_the_blocked_gemm(a_ne, b_ne, ta):

@@ -158,9 +158,37 @@ def binary_stream(a, b, o, op):
 
 @njit(parallel=True, **_OPTS)
 def unary_flat(x, o, op, p0, p1, p2, p3):
-    """F32 o = op(x) on flat contiguous arrays (codes: kernels.UNARY_CODES), float64 inside."""
-    for i in prange(o.shape[0]):
-        o[i] = unary_value(op, np.float64(x[i]), p0, p1, p2, p3)
+    """F32 o = op(x) on flat contiguous arrays (codes: kernels.UNARY_CODES), float64 inside.
+    The ops without a library call get a loop each with the op code a constant, so that the
+    code's branches fold away and the loop vectorises."""
+    n = o.shape[0]
+    if op == 0:
+        for i in prange(n):
+            o[i] = unary_value(0, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 2:
+        for i in prange(n):
+            o[i] = unary_value(2, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 3:
+        for i in prange(n):
+            o[i] = unary_value(3, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 6:
+        for i in prange(n):
+            o[i] = unary_value(6, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 21:
+        for i in prange(n):
+            o[i] = unary_value(21, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 26:
+        for i in prange(n):
+            o[i] = unary_value(26, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 27:
+        for i in prange(n):
+            o[i] = unary_value(27, np.float64(x[i]), p0, p1, p2, p3)
+    elif op == 28:
+        for i in prange(n):
+            o[i] = unary_value(28, np.float64(x[i]), p0, p1, p2, p3)
+    else:
+        for i in prange(n):
+            o[i] = unary_value(op, np.float64(x[i]), p0, p1, p2, p3)
 
 
 # ------------------------------------------------------------------ rows, contiguous
@@ -257,6 +285,31 @@ def rows_fast(x, o, op, p0):
             den = (s0 + s1) + (s2 + s3)
             for i in range(n0):
                 orow[i] = e[i] / den
+
+
+# ------------------------------------------------------------------ transposition
+TRANSPOSE_TILE = 32
+
+
+@njit(parallel=True, **_OPTS)
+def transpose(s, o):
+    """o[i3, i2, j, i] = s[i3, i2, i, j], bit for bit, in TRANSPOSE_TILE x TRANSPOSE_TILE tiles
+    (a tile's rows of s stay in the first-level cache while its columns are read)."""
+    n3, n2, nj, ni = o.shape
+    tj = (nj + TRANSPOSE_TILE - 1) // TRANSPOSE_TILE
+    for task in prange(n3 * n2 * tj):
+        jt = task % tj
+        t = task // tj
+        i2 = t % n2
+        i3 = t // n2
+        j0 = jt * TRANSPOSE_TILE
+        j1 = min(j0 + TRANSPOSE_TILE, nj)
+        for i0 in range(0, ni, TRANSPOSE_TILE):
+            i1 = min(i0 + TRANSPOSE_TILE, ni)
+            for j in range(j0, j1):
+                orow = o[i3, i2, j]
+                for i in range(i0, i1):
+                    orow[i] = s[i3, i2, i, j]
 
 
 # ------------------------------------------------------------------ matrices
@@ -457,4 +510,5 @@ def mul_mat(a, la, b, o):
                 o[i3, i2, q0 + qq, m0 + mm] = acc[qq, mm]
 
 
-KERNELS = {f.py_func.__name__: f for f in (binary_flat, binary_stream, unary_flat, rows_fast, mul_mat)}
+KERNELS = {f.py_func.__name__: f for f in (binary_flat, binary_stream, unary_flat, rows_fast, transpose,
+                                          mul_mat)}

@@ -390,9 +390,27 @@ def _mul_mat(n: Tensor) -> None:
 @kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
 def _out_prod(n: Tensor) -> None:
     a = n.src[0]
-    # out[j, i] = sum_t a[t, i] b[t, j] (NumPy order) is MUL_MAT of the transposed views:
-    # the same cache-blocked, register-tiled kernel, packing its panels along t
-    _run("mul_mat", arr(a).swapaxes(2, 3), lut(a), arr(n.src[1]).swapaxes(2, 3), arr(n))
+    b = n.src[1]
+    _jit()  # imports _jit_fast after it (importing _jit_fast first would be circular)
+    from ._jit_fast import TILE_M, TILE_N
+    # out[j, i] = sum_t a[t, i] b[t, j] (NumPy order) is MUL_MAT of the transposed operands:
+    # the same cache-blocked, register-tiled kernel. An operand that the kernel would pack
+    # for several tiles (a for each TILE_N rows of the result, b for each TILE_M columns) is
+    # first copied row-major, once: cheaper than packing its transposed panels every time.
+    _run("mul_mat", _transposed(a, n.ne[1] > TILE_N), lut(a), _transposed(b, n.ne[0] > TILE_M), arr(n))
+
+
+def _transposed(t: Tensor, copy: bool) -> np.ndarray:
+    """t's host view with its two inner axes swapped; with ``copy``, as a C-contiguous array:
+    a new one filled by the compiled transpose kernel (a prepared call keeps the array it
+    was recorded with and refills it on every compute)."""
+    h = arr(t)
+    v = h.swapaxes(2, 3)
+    if not copy or v.flags.c_contiguous:
+        return v
+    out = np.empty(v.shape, v.dtype)
+    _run("transpose", h, out)  # bit for bit
+    return out
 
 
 @kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
