@@ -817,7 +817,11 @@ class Kernel:
         return self.dispatcher.overloads[sig].entry_point
 
 
-KERNELS = {name: Kernel(f) for name, f in (
+# general kernels also typed as layout C for C-contiguous arguments (a second compilation,
+# vectorised): those whose nodes are contiguous in practice (the optimizer step)
+C_LAYOUT = frozenset({"adamw"})
+
+KERNELS = {name: Kernel(f, c_layout=name in C_LAYOUT) for name, f in (
     ("unary", unary), ("binary", binary), ("adamw", adamw), ("cpy", cpy), ("get_rows", get_rows),
     ("rows", rows), ("soft_max", soft_max), ("cross_entropy", cross_entropy),
     ("repeat_back", repeat_back), ("get_rows_back", get_rows_back),
