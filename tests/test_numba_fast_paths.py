@@ -85,3 +85,11 @@ def test_out_prod_through_the_blocked_gemm(a_ne, b_ne, ta):
     got, want = _ref(lambda c, r: pc.out_prod(leaf(c, r, ta, a_ne), leaf(c, r, pc.F32, b_ne)), seed=4)
     ok, msg, err, _ = compare(got, want, 1e-6)
     assert ok, (msg, err)
+
+
+@pytest.mark.parametrize("k,m,n,ta", [(1100, 70, 9, pc.F32), (1030, 66, 67, pc.F16), (513, 5, 4, pc.BF16)])
+def test_gemm_over_several_k_blocks_and_partial_tiles(k, m, n, ta):
+    from prism_core.conformance.cases import leaf
+    got, want = _ref(lambda c, r: pc.mul_mat(leaf(c, r, ta, (k, m)), leaf(c, r, pc.F32, (k, n))), seed=k)
+    ok, msg, err, _ = compare(got, want, 1e-6)
+    assert ok, (msg, err)

@@ -346,7 +346,7 @@ def _cv32(v, lut):
 
 TILE_M = 64  # rows of a per task (multiple of 4)
 TILE_N = 64  # rows of b per task (multiple of 4)
-BLOCK_K = 256
+BLOCK_K = 512  # measured: 10-25% faster than 256 on the benchmark shapes; panels of 128 KiB stay in L2
 GEMV_ROWS = 64  # at most this many rows of a per task when b has fewer than 4 rows
 
 
