@@ -16,7 +16,7 @@ from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.ops import RopeMode
 from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import alibi_slopes
+from prism_core.semantics import alibi_slopes, rope_yarn_corr_dims
 from prism_core.types import F16, F32, I32, I64
 
 from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut
@@ -26,15 +26,6 @@ MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)
 
 
 # ------------------------------------------------------------------ rope
-def _corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
-    """YaRN's correction range [low, high] of pair indices (ggml_rope_yarn_corr_dims)."""
-    def corr_dim(n_rot: float) -> float:
-        if n_rot > 0 and n_ctx_orig > 0:
-            return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-        return math.inf if n_rot == 0 else -math.inf
-    return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
-
-
 @kernel((F32_F16, INDICES, ONLY_F32), F32_F16, "ROPE", "ROPE_BACK", reads_values=True)
 def _rope(n: Tensor) -> None:
     a = n.src[0]
@@ -76,7 +67,7 @@ def _rope(n: Tensor) -> None:
     mscale = float(p["attn_factor"])
     mix = np.zeros(n_pairs)
     if p["ext_factor"] != 0.0:
-        low, high = _corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        low, high = rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
         ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
         mix = ramp * p["ext_factor"]
         mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
