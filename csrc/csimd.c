@@ -516,32 +516,10 @@ int csimd_pool(int dims2, int op_max, int64_t k0, int64_t k1, int64_t s0, int64_
         k0 < 1 || k1 < 1 || s0 < 1 || s1 < 1 || p0 < 0 || p1 < 0 || d->ne[2] != a->ne[2] || d->ne[3] != a->ne[3])
         return -1;
     if (!dims2 && (k1 != 1 || s1 != 1 || p1 != 0 || d->ne[1] != a->ne[1])) return -1;
-    const int64_t W = a->ne[0], H = a->ne[1], OW = d->ne[0], OH = d->ne[1];
-    const int64_t nr = OH * d->ne[2] * d->ne[3];
+    int rc = 0;
     nth = clamp_threads(nth);
-    (void)nth;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (int64_t r = 0; r < nr; r++) {
-        const int64_t oy = r % OH, i2 = (r / OH) % d->ne[2], i3 = r / (OH * d->ne[2]);
-        for (int64_t ox = 0; ox < OW; ox++) {
-            double sum = 0.0, cnt = 0.0;
-            float mx = -FLT_MAX;
-            for (int64_t ky = 0; ky < k1; ky++) {
-                const int64_t y = dims2 ? oy * s1 + ky - p1 : oy;
-                for (int64_t kx = 0; kx < k0; kx++) {
-                    const int64_t x = ox * s0 + kx - p0;
-                    if (y < 0 || y >= H || x < 0 || x >= W) continue;
-                    const float v = load_f32(ELT(a, x, y, i2, i3), a->type);
-                    if (v > mx || v != v) { if (mx == mx) mx = v; }
-                    sum += v;
-                    cnt += 1.0;
-                }
-            }
-            const float o = op_max ? mx : (float)(dims2 ? sum / (double)(k0 * k1) : sum / cnt);
-            memcpy(ELT(d, ox, oy, i2, i3), &o, 4);
-        }
-    }
-    return 0;
+    CALL_RC(rc, pool, dims2, op_max, k0, k1, s0, s1, p0, p1, a, d, nth)
+    return rc;
 }
 
 /* IM2COL: 2D d[ic*KH*KW + kh*KW + kw, ox, oy, n] = b[ox*s0 + kw*d0 - p0, oy*s1 + kh*d1 - p1, ic, n];
@@ -558,6 +536,12 @@ int csimd_im2col(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64
     if (d->ne[0] != IC * KH * KW || (is2d ? d->ne[3] : d->ne[2]) != N || (!is2d && (b->ne[3] != 1 || d->ne[3] != 1)))
         return -1;
     nth = clamp_threads(nth);
+    const int64_t pw = (OW - 1) * s0 + (KW - 1) * d0 + 1;
+    if ((double)IC * (double)KH * (double)pw * 4.0 <= (double)(64 << 20)) { /* padded input rows per thread */
+        int rc = 0;
+        CALL_RC(rc, im2col, is2d, s0, s1, p0, p1, d0, d1, KH, KW, b, d, nth)
+        return rc;
+    }
     (void)nth;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (int64_t r = 0; r < N * OH * OW; r++) {

@@ -482,3 +482,41 @@ def test_an_extension_built_from_other_sources_is_refused(monkeypatch):
     monkeypatch.setitem(prism_csimd._loaded, "module", SimpleNamespace(lib=fake_lib, ffi=real.ffi, __file__="old.so"))
     ok, reason = pc.backend("csimd").availability()
     assert not ok and "other sources" in reason and "reinstall" in reason, reason
+
+
+def _on(backend: str, build):
+    out = build(pc.Context(), np.random.default_rng(0))
+    pc.compute(out, backend, strict=backend != "numpy")
+    return out.numpy()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pool_and_im2col_sweep_matches_the_reference(seed):
+    """Random windows, strides, padding (up to k - 1), dilation, F16 inputs and NaNs (max pooling lets
+    the first NaN through) against the NumPy reference."""
+    _need_available()
+    rng = np.random.default_rng(seed)
+    W, H, C, N = (rng.integers(1, 12, 4) + [4, 3, 0, 0]).tolist()
+    k0, k1 = (int(v) for v in rng.integers(1, 5, 2))
+    s0, s1 = (int(v) for v in rng.integers(1, 4, 2))
+    p0, p1 = int(rng.integers(0, k0)), int(rng.integers(0, k1))
+    half = bool(seed % 2)
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    x[rng.uniform(size=x.shape) < 0.03] = np.nan
+
+    def leaf(c, r):
+        t = c.new_tensor(pc.F16 if half else pc.F32, x.shape[::-1])
+        t.set(x.astype(np.float16) if half else x)
+        return t
+    for op in ("MAX", "AVG"):
+        pool2 = lambda c, r, op=op: pc.pool_2d(leaf(c, r), op, k0, k1, s0, s1, p0, p1)  # noqa: E731
+        pool1 = lambda c, r, op=op: pc.pool_1d(leaf(c, r), op, k0, s0, p0)  # noqa: E731
+        for build in (pool2, pool1):
+            np.testing.assert_allclose(_on("csimd", build), _on("numpy", build), rtol=1e-6, atol=1e-6)
+    d0, d1 = (int(v) for v in rng.integers(1, 3, 2))
+    if (W + 2 * p0 - d0 * (k0 - 1) - 1) < 0 or (H + 2 * p1 - d1 * (k1 - 1) - 1) < 0:
+        return
+    kernel = np.zeros((C, C, k1, k0), np.float16)
+    cols = lambda c, r: pc.im2col(c.from_numpy(kernel, pc.F16), leaf(c, r), s0, s1, p0, p1, d0, d1,  # noqa: E731
+                                  dst_type=pc.F16 if seed % 3 == 0 else pc.F32)
+    np.testing.assert_array_equal(_on("csimd", cols), _on("numpy", cols))
