@@ -54,7 +54,7 @@ def test_discovered_via_entry_point():
     info = _info()
     assert info is not None, [i.name for i in pc.backends()]
     assert info.plugin.startswith("csimd (prism_csimd")  # from the entry point, not registered in-process
-    assert info.priority == 40
+    assert info.priority == 60
     if info.available:
         assert info.version.split("+")[-1] in ISAS  # the active path, shown by prism info
         assert pc.backend("csimd").threads >= 1
