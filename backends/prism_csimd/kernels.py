@@ -541,15 +541,18 @@ def _pool(n: Tensor) -> None:
            n.opdef.key)
 
 
+def im2col_args(n: Tensor, kernel_shape: Tensor) -> tuple[int, ...]:
+    """(is_2D, s0, s1, p0, p1, d0, d1, KH, KW) of an IM2COL or IM2COL_BACK node, KH = 1 in 1D."""
+    p = n.params
+    is2d = bool(p["is_2D"])
+    kh, kw = (kernel_shape.ne[1], kernel_shape.ne[0]) if is2d else (1, kernel_shape.ne[0])
+    return (int(is2d), *(int(p[k]) for k in ("s0", "s1", "p0", "p1", "d0", "d1")), int(kh), int(kw))
+
+
 @kernel((FLOATS, FLOATS), frozenset({F32, F16}), "IM2COL")
 def _im2col(n: Tensor) -> None:
     keep: list = []
-    p = n.params
-    a, b = n.src[0], n.src[1]
-    is2d = bool(p["is_2D"])
-    kh, kw = (a.ne[1], a.ne[0]) if is2d else (1, a.ne[0])
-    _check(_lib().csimd_im2col(int(is2d), int(p["s0"]), int(p["s1"]), int(p["p0"]), int(p["p1"]), int(p["d0"]),
-                               int(p["d1"]), int(kh), int(kw), desc(b, keep), desc(n, keep), _nth(n.nelements)),
+    _check(_lib().csimd_im2col(*im2col_args(n, n.src[0]), desc(n.src[1], keep), desc(n, keep), _nth(n.nelements)),
            "IM2COL")
 
 

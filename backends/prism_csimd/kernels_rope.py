@@ -12,7 +12,7 @@ from prism_core.optable_conv import ScaleMode
 from prism_core.semantics import rope_yarn_corr_dims
 from prism_core.types import F16, F32
 
-from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc, kernel
+from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc, im2col_args, kernel
 
 F32_F16 = frozenset({F32, F16})
 
@@ -71,10 +71,6 @@ def _upscale(n: Tensor) -> None:
 @kernel((FLOATS, FLOATS), ONLY_F32, "IM2COL_BACK")
 def _im2col_back(n: Tensor) -> None:
     keep: list = []
-    p = n.params
-    g, k = n.src[0], n.src[1]
-    is2d = bool(p["is_2D"])
-    kh, kw = (k.ne[1], k.ne[0]) if is2d else (1, k.ne[0])
-    _check(_lib().csimd_im2col_back(int(is2d), int(p["s0"]), int(p["s1"]), int(p["p0"]), int(p["p1"]), int(p["d0"]),
-                                    int(p["d1"]), int(kh), int(kw), desc(g, keep), desc(n, keep),
-                                    _nth(n.nelements * kh * kw)), "IM2COL_BACK")
+    args = im2col_args(n, n.src[1])
+    _check(_lib().csimd_im2col_back(*args, desc(n.src[0], keep), desc(n, keep), _nth(n.nelements * args[7] * args[8])),
+           "IM2COL_BACK")
