@@ -195,7 +195,7 @@ int csimd_norm(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d,
 
 int csimd_cpy(const csimd_tensor *a, const csimd_tensor *d, int nth) {
     if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d)) return -1;
-    if ((a->type == CSIMD_I32) != (d->type == CSIMD_I32)) return -1;
+    if (a->type == CSIMD_I64 || d->type == CSIMD_I64) return -1; /* float <-> I32 converts as the reference */
     nth = clamp_threads(nth);
     CALL(cpy, a, d, nth)
     return 0;
@@ -203,6 +203,7 @@ int csimd_cpy(const csimd_tensor *a, const csimd_tensor *d, int nth) {
 
 int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
     if (!nonneg(a) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || d->ne[0] != a->ne[0] ||
+        (a->type == CSIMD_I32) != (d->type == CSIMD_I32) || a->type == CSIMD_I64 ||
         idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] || a->ne[2] < d->ne[2] ||
         a->ne[3] < d->ne[3])
         return -1;
@@ -413,7 +414,8 @@ int csimd_argsort(int descending, const csimd_tensor *a, const csimd_tensor *d, 
 /* SET_ROWS: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to d's type (d is the
    destination's memory; the other rows are left as they are). Indices are checked first. */
 int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int nth) {
-    if (!nonneg(b) || !nonneg(c) || !nonneg(d) || c->type != CSIMD_I32 || d->type == CSIMD_I32 ||
+    if (!nonneg(b) || !nonneg(c) || !nonneg(d) || (c->type != CSIMD_I32 && c->type != CSIMD_I64) ||
+        d->type == CSIMD_I32 ||
         b->type == CSIMD_I32 || b->ne[0] != d->ne[0] || b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] ||
         c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 || c->ne[2] <= 0)
         return -1;
@@ -421,8 +423,7 @@ int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_ten
     for (int64_t k = 0; k < c->ne[2]; k++)
         for (int64_t j = 0; j < c->ne[1]; j++)
             for (int64_t i = 0; i < m; i++) {
-                int32_t r;
-                memcpy(&r, ELT(c, i, j, k, 0), 4);
+                const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
                 if (r < 0 || r >= d->ne[1]) return -1;
             }
     nth = clamp_threads(nth);
@@ -431,8 +432,7 @@ int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_ten
     for (int64_t jk = 0; jk < nj * nk; jk++) {
         const int64_t j = jk % nj, k = jk / nj;
         for (int64_t i = 0; i < m; i++) {
-            int32_t r;
-            memcpy(&r, ELT(c, i, j % c->ne[1], k % c->ne[2], 0), 4);
+            const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
             if (b->type == d->type && b->nb[0] == type_size(b->type) && d->nb[0] == type_size(d->type)) {
                 memmove(ELT(d, 0, r, j, k), ELT(b, 0, i, j, k), (size_t)n0 * type_size(d->type));
             } else {

@@ -91,8 +91,21 @@ static inline void store_f32(char *p, int t, float v) {
     switch (t) {
     case CSIMD_F16: { uint16_t h = f32_to_f16_sw(v); memcpy(p, &h, 2); break; }
     case CSIMD_BF16: { uint16_t h = f32_to_bf16(v); memcpy(p, &h, 2); break; }
+    case CSIMD_I32: { /* truncation toward zero; NaN and out-of-range give INT32_MIN, as x86 NumPy */
+        const int32_t i = (v >= -2147483648.0f && v < 2147483648.0f) ? (int32_t)v : INT32_MIN;
+        memcpy(p, &i, 4);
+        break;
+    }
     default: memcpy(p, &v, 4); break;
     }
+}
+
+/* a row index stored as I32 or I64 */
+static inline int64_t load_index(const char *p, int t) {
+    if (t == CSIMD_I64) { int64_t i; memcpy(&i, p, 8); return i; }
+    int32_t i;
+    memcpy(&i, p, 4);
+    return i;
 }
 
 /* double -> float rounded to odd: a following round to nearest even into f16 is then exact */

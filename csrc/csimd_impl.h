@@ -511,6 +511,10 @@ ATTR static void FN(get_rows)(const csimd_tensor *a, const csimd_tensor *idx, co
             int32_t r;
             memcpy(&r, ELT(idx, i, j, k, 0), 4);
             if (r < 0 || r >= a->ne[1]) continue; /* validated by the caller; never read outside */
+            if (a->type == CSIMD_I32) { /* integer rows are copied exactly */
+                for (int64_t e = 0; e < n0; e++) memcpy(ELT(d, e, i, j, k), ELT(a, e, r, j, k), 4);
+                continue;
+            }
             FN(row_to_f32)(tmp, ELT(a, 0, r, j, k), a->type, a->nb[0], n0);
             FN(row_from_f32)(ELT(d, 0, i, j, k), d->type, d->nb[0], tmp, n0);
         }

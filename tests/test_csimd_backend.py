@@ -520,3 +520,26 @@ def test_pool_and_im2col_sweep_matches_the_reference(seed):
     cols = lambda c, r: pc.im2col(c.from_numpy(kernel, pc.F16), leaf(c, r), s0, s1, p0, p1, d0, d1,  # noqa: E731
                                   dst_type=pc.F16 if seed % 3 == 0 else pc.F32)
     np.testing.assert_array_equal(_on("csimd", cols), _on("numpy", cols))
+
+
+def test_integer_copies_and_rows_match_the_reference():
+    """F32 -> I32 truncates toward zero (NaN and out-of-range give INT32_MIN, as NumPy on x86);
+    I32 -> F32/F16/BF16 rounds; I32 rows are gathered exactly, past 2^24 too; I64 row indices."""
+    _need_available()
+    f = np.array([2.7, -2.7, 0.5, -0.5, 1e9, -1e9, 3e9, -3e9, np.nan, np.inf, -np.inf, 16777217.0], np.float32)
+    i = np.array([0, 1, -1, 16777217, -16777219, 70000, 65520, 2**31 - 1, -2**31, 1000, 3, 123456789], np.int32)
+    expect_int = np.array([2, -2, 0, 0, 10**9, -10**9] + [-2**31] * 5 + [16777216], np.int32)
+    cases = [(lambda c, r: pc.cpy(c.from_numpy(f), c.new_tensor(pc.I32, (12,))), expect_int)]
+    for t in (pc.F32, pc.F16, pc.BF16):
+        cases.append((lambda c, r, t=t: pc.cpy(c.from_numpy(i), c.new_tensor(t, (12,))), None))
+    rows = np.arange(4 * 6, dtype=np.int64).reshape(6, 4).astype(np.int32) + 2**30
+    idx = np.array([5, 0, 3, 3], np.int32)
+    cases.append((lambda c, r: pc.get_rows(c.from_numpy(rows), c.from_numpy(idx)), rows[idx]))
+    src = np.random.default_rng(4).standard_normal((3, 8)).astype(np.float32)
+    cases.append((lambda c, r: pc.set_rows(c.from_numpy(np.zeros((5, 8), np.float32)), c.from_numpy(src),
+                                           c.from_numpy(np.array([4, 0, 2], np.int64))), None))
+    for build, expect in cases:
+        got, ref = _on("csimd", build), _on("numpy", build)
+        np.testing.assert_array_equal(got, ref)
+        if expect is not None:
+            np.testing.assert_array_equal(got, expect)

@@ -26,7 +26,7 @@ import os
 import sys
 
 import prism_core
-from prism_core import I32, Tensor
+from prism_core import Tensor
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
@@ -185,8 +185,6 @@ class CsimdBackend(prism_core.Backend):
                 return False
             tensors.append(s)
         key = d.key
-        if key in ("CPY", "DUP", "CONT") and (node.type == I32) != (node.src[0].type == I32):
-            return False  # integer <-> float conversions go to the reference
         if key == "SOFT_MAX":
             sinks = node.src[2] if len(node.src) > 2 else None
             if sinks is not None and sinks.ne[0] < node.src[0].ne[2]:
@@ -229,12 +227,13 @@ class CsimdBackend(prism_core.Backend):
             return False
         if key in ("MUL_MAT", "OUT_PROD") and node.nb[0] != node.traits.type_size:
             return False
-        # The kernels read and write row by row: a source may share the result's memory only
+        # The kernels read and write row by row (GROUP_NORM: each group read whole before its
+        # elements are written in place): a source may share the result's memory only
         # as the exact same view (in-place ops); any other overlap goes to the reference.
         # REPEAT_BACK, GET_ROWS_BACK and OUT_PROD write their result before reading all of a source:
         # no overlap at all for them.
         strict = key in ("REPEAT_BACK", "GET_ROWS_BACK", "OUT_PROD", "MUL_MAT", "PAD", "PAD_REFLECT_1D", "DIAG",
-                         "ARGMAX", "CONCAT", "GROUP_NORM", "TIMESTEP_EMBEDDING",
+                         "ARGMAX", "CONCAT", "TIMESTEP_EMBEDDING",
                          "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK",
                          "FLASH_ATTN_EXT", "CONV_2D", "CONV_TRANSPOSE_1D")
         strict = strict or key in ("UPSCALE", "IM2COL_BACK")  # gather from other positions than they write

@@ -23,7 +23,7 @@ KERNELS: dict[str, Callable[[Tensor], None]] = {}
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
-TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3, I64: 4}  # I64: COUNT_EQUAL's result only
+TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3, I64: 4}  # I64: COUNT_EQUAL's result and SET_ROWS indices
 
 # op-table key -> (accepted types of each source, accepted result types).
 # A source beyond the tuple must be absent (None).
@@ -309,7 +309,7 @@ def _mul_mat(n: Tensor) -> None:
     _check(rc, "MUL_MAT")
 
 
-@kernel((FLOATS, INDICES), ONLY_F32, "GET_ROWS", reads_values=True)
+@kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
 def _get_rows(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
@@ -500,7 +500,7 @@ def _argsort(n: Tensor) -> None:
                                 _nth(n.nelements * max(1, n.ne[0].bit_length()))), "ARGSORT")
 
 
-@kernel((frozenset({F32, F16}), INDICES, FLOATS), FLOATS, "SET_ROWS", reads_values=True)
+@kernel((frozenset({F32, F16}), INDICES | {I64}, FLOATS), FLOATS, "SET_ROWS", reads_values=True)
 def _set_rows(n: Tensor) -> None:
     keep: list = []
     b, c, a = n.src[0], n.src[1], n.src[2]
