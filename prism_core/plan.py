@@ -4,7 +4,10 @@ Planning resolves each node's kernel (the backend's, or the reference's when the
 backend does not support the node) and gives every intermediate result a place in one
 shared arena: a buffer is reused once the last node reading it (directly or through a
 view) has run, and an op that has an in-place variant writes over its first source when
-that source dies at it. Tensors flagged input, output, param or loss, gradients,
+that source dies at it. Offsets come from an online best-fit pass (as ggml's allocator) or,
+when it needs less, an offline greedy-by-size placement over the known lifetimes; either way
+no two results needed at the same time share bytes (``Plan.live_bound_bytes`` is the floor).
+Tensors flagged input, output, param or loss, gradients,
 accumulators and results that nothing in the graph reads are never reused (gradients may
 be, with ``keep_grads=False``, once the optimizer nodes have read them). Computing a
 plan then only calls kernels.
@@ -74,6 +77,30 @@ class _Arena:
             else:
                 merged.append((o, s))
         self.free = merged
+
+
+GREEDY_MAX_BUFFERS = 1500  # the offline placement is quadratic in the number of buffers
+
+
+def _greedy_by_size(blocks: list[list[int]]) -> tuple[list[int], int]:
+    """Offline placement once every lifetime is known: the largest buffers first, each at the
+    lowest offset where it overlaps no placed buffer alive at the same time ("greedy by size").
+    Returns the offsets and the arena size; the planner keeps it when it beats the online best-fit."""
+    order = sorted(range(len(blocks)), key=lambda k: (-blocks[k][0], blocks[k][1]))
+    offs, placed, top = [0] * len(blocks), [], 0
+    for k in order:
+        size, start, end = blocks[k]
+        busy = sorted((offs[j], offs[j] + blocks[j][0]) for j in placed
+                      if blocks[j][1] <= end and start <= blocks[j][2])
+        off = 0
+        for lo, hi in busy:
+            if off + size <= lo:
+                break
+            off = max(off, hi)
+        offs[k] = off
+        placed.append(k)
+        top = max(top, off + size)
+    return offs, top
 
 
 @dataclass
@@ -188,6 +215,8 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
     for n in shared:
         dies_at.setdefault(last_read[id(n)], []).append(n)
     most_live = 0
+    blocks: list[list[int]] = []  # [size, first step, last step] of each buffer (an in-place chain shares one)
+    block_of: dict[int, int] = {}
     for i, n in enumerate(nodes):
         if id(n) in shared_ids:
             src0 = n.src[0] if n.src else None
@@ -196,15 +225,24 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
                 live[id(n)] = live.pop(id(src0))  # write over the dying first source, as ggml does
                 dies_at[i].remove(src0)
                 p.inplace_reuses += 1
+                block_of[id(n)] = block_of[id(src0)]
+                blocks[block_of[id(n)]][2] = last_read[id(n)]
             else:
                 size = _align(max(n.nbytes, 1))
                 live[id(n)] = (arena.alloc(size), size)
+                block_of[id(n)] = len(blocks)
+                blocks.append([size, i, last_read[id(n)]])
             offset[id(n)] = live[id(n)][0]
         most_live = max(most_live, sum(size for _, size in live.values()))
         for dead in dies_at.get(i, []):
             arena.release(*live.pop(id(dead)))
     p.arena_bytes = arena.size
+    if len(blocks) <= GREEDY_MAX_BUFFERS:
+        offs, top = _greedy_by_size(blocks)
+        if top < arena.size:
+            p.arena_bytes = top
+            offset = {k: offs[b] for k, b in block_of.items()}
     p.live_bound_bytes = p.protected_bytes + most_live
-    p.arena = np.zeros(max(arena.size, 1), dtype=np.uint8)
+    p.arena = np.zeros(max(p.arena_bytes, 1), dtype=np.uint8)
     for n in shared:
         n._storage = p.arena[offset[id(n)]: offset[id(n)] + n.nbytes]

@@ -83,6 +83,62 @@ def test_training_plan_is_within_its_live_bound():
     assert plan.protected_bytes <= plan.live_bound_bytes <= plan.peak_bytes <= plan.naive_bytes
 
 
+def _assert_no_live_overlap(g, plan):
+    """Two results sharing arena bytes are never needed at the same time."""
+    shared = [n for n in g.nodes if n.view_src is None and n._storage is not None
+              and np.shares_memory(n._storage, plan.arena)]
+    index = {id(n): i for i, n in enumerate(g.nodes)}
+    last = {}
+    for i, n in enumerate(g.nodes):
+        for s in n.src:
+            if s is not None:
+                last[id(s.base)] = i
+    for a in shared:
+        for b in shared:
+            if a is not b and np.shares_memory(a._storage, b._storage):
+                first, second = (a, b) if index[id(a)] < index[id(b)] else (b, a)
+                assert last[id(first)] <= index[id(second)], (first.label, second.label)
+
+
+@pytest.mark.parametrize("shape", [(32, 64, 128, 10), (7, 30, 50, 3), (64, 20, 300, 5), (3, 100, 8, 40)])
+def test_offline_placement_keeps_values_and_lifetimes(shape):
+    """Plans of training graphs of several shapes (the planner keeps an offline greedy-by-size
+    placement where it beats best-fit; for 32x64-128-10 it does: 52% -> 39% of the naive sum,
+    the live-set bound) compute what unplanned graphs compute."""
+    bs, din, dh, dout = shape
+    ga, pa, la = training_graph(pc.Context(), np.random.default_rng(5), bs, din, dh, dout)
+    gb, pb, lb = training_graph(pc.Context(), np.random.default_rng(5), bs, din, dh, dout)
+    pc.reset(ga)
+    pc.reset(gb)
+    pc.compute(ga, "numpy")
+    plan = pc.plan(gb, "numpy", keep_grads=True)
+    plan.compute()
+    _assert_no_live_overlap(gb, plan)
+    assert plan.live_bound_bytes <= plan.peak_bytes
+    assert float(lb.numpy()[0]) == pytest.approx(float(la.numpy()[0]), rel=1e-6)
+    for a, b in zip(pa, pb):
+        np.testing.assert_allclose(gb.grad(b).numpy(), ga.grad(a).numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_offline_placement_reaches_the_live_bound_where_best_fit_does_not():
+    """The benchmark's 64-128-10 batch-32 AdamW step: best-fit alone needs 52% of the naive sum."""
+    ctx, rng = pc.Context(), np.random.default_rng(1)
+    tx = ctx.from_numpy(rng.normal(size=(32, 64)).astype(np.float32)).set_input()
+    ty = ctx.from_numpy(np.eye(10, dtype=np.float32)[rng.integers(0, 10, 32)]).set_input()
+    params = [ctx.from_numpy(rng.normal(0, 0.05, s).astype(np.float32)).set_param()
+              for s in ((128, 64), (128,), (10, 128), (10,))]
+    w1, b1, w2, b2 = params
+    logits = pc.add(pc.mul_mat(w2, pc.relu(pc.add(pc.mul_mat(w1, tx), b1))), b2)
+    g = pc.Graph().expand(pc.cross_entropy_loss(logits, ty).set_loss())
+    pc.build_backward(g)
+    hyper = ctx.from_numpy(np.array([1e-3, 0.9, 0.999, 1e-8, 0.0, 10.0, 1000.0], np.float32))
+    for p in params:
+        g.expand(pc.opt_step_adamw(p, g.grad(p), ctx.new_tensor(pc.F32, p.ne), ctx.new_tensor(pc.F32, p.ne), hyper))
+    plan = pc.plan(g, "numpy", keep_grads=False)
+    _assert_no_live_overlap(g, plan)
+    assert plan.peak_bytes == plan.live_bound_bytes < 0.45 * plan.naive_bytes
+
+
 def test_no_reuse_keeps_every_result():
     ctx = pc.Context()
     g, _, _ = training_graph(ctx, np.random.default_rng(2))
