@@ -40,6 +40,11 @@ class Backend:
         d = node.opdef
         return d is not None and d.key in self.kernels
 
+    def why_unsupported(self, node: Tensor) -> str:
+        """Optional: why ``supports(node)`` is False, in a few words for reports and errors
+        ("" when there is nothing to add to "not supported"). Must not raise."""
+        return ""
+
     def prepare(self, node: Tensor) -> Callable[[], None] | None:
         """Optional: a zero-argument callable computing ``node`` with everything resolved
         (arrays bound, branches taken), or None for the general ``compute(node)``.

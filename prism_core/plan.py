@@ -32,7 +32,7 @@ from .backend import Backend
 from .errors import Unsupported
 from .graph import Graph
 from .registry import REGISTRY
-from .schedule import Fallback
+from .schedule import Fallback, strict_refusal, why_not
 from .tensor import Flag, Tensor
 
 ALIGN = 64
@@ -178,13 +178,13 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
             owners.append(be)
             continue
         if strict:
-            raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
+            raise strict_refusal(be, node)
         reference = reference or REGISTRY.reference()
         if not reference.supports(node):
             raise Unsupported(f"neither {be.name!r} nor the reference can compute {node.label}")
         steps.append((_bound_kernel(reference, node), node))
         owners.append(reference)
-        fallbacks.append(Fallback(node, "not supported"))
+        fallbacks.append(Fallback(node, why_not(be, node)))
     p = Plan(graph, be, steps, fallbacks)
     _assign_memory(p, reuse, keep_grads)
     _prepare_calls(p, owners)

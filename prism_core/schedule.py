@@ -34,6 +34,25 @@ class ComputeReport:
         return [f.node.opdef.key for f in self.fallbacks]
 
 
+def backend_reason(be: Backend, node: Tensor) -> str:
+    """The backend's own words on why it refuses ``node`` (``Backend.why_unsupported``), or ""."""
+    try:
+        return be.why_unsupported(node) if hasattr(be, "why_unsupported") else ""
+    except Exception as e:  # noqa: BLE001 - a report must not fail because a plugin's explanation did
+        return f"why_unsupported() raised {type(e).__name__}"
+
+
+def why_not(be: Backend, node: Tensor) -> str:
+    """"not supported", with the backend's reason when it gives one."""
+    why = backend_reason(be, node)
+    return f"not supported: {why}" if why else "not supported"
+
+
+def strict_refusal(be: Backend, node: Tensor) -> Unsupported:
+    why = backend_reason(be, node)
+    return Unsupported(f"backend {be.name!r} does not support {node.label} ({why + '; ' if why else ''}strict mode)")
+
+
 def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False) -> ComputeReport:
     """Compute every node of ``graph`` (or of the graph ending at a tensor) in order."""
     if isinstance(graph, Tensor):
@@ -44,7 +63,7 @@ def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, stri
     if strict:  # refuse before computing anything, so a refused graph leaves every tensor as it was
         for node in graph.nodes:
             if node.opdef is not None and not node.opdef.view_only and not be.supports(node):
-                raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
+                raise strict_refusal(be, node)
     for node in graph.nodes:
         d = node.opdef
         if d is None or d.view_only:
@@ -60,8 +79,8 @@ def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, stri
                 reason = f"claimed support, then raised Unsupported: {e}"
         else:
             if strict:
-                raise Unsupported(f"backend {be.name!r} does not support {node.label} (strict mode)")
-            reason = "not supported"
+                raise strict_refusal(be, node)
+            reason = why_not(be, node)
         if reference is None:
             reference = REGISTRY.reference()
         if reference is be:

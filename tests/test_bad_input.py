@@ -534,6 +534,39 @@ def test_strict_compute_backend_with_no_kernels(ctx):
     assert not r.numpy().any()
 
 
+def test_a_backends_reason_reaches_errors_reports_and_conformance(ctx):
+    """Backend.why_unsupported: in the strict error, the fallback report, the plan and the
+    conformance result; an explanation that raises is reported as such, never propagated."""
+    from prism_core.conformance.cases import cases_for
+    from prism_core.conformance.runner import UNSUPPORTED, run_case
+
+    class Picky(pc.Backend):
+        name = "picky"
+        kernels = {"SQRT": lambda n: None}
+
+        def supports(self, node):
+            return False
+
+        def why_unsupported(self, node):
+            return "odd lengths only"
+
+    class Broken(Picky):
+        name = "broken"
+
+        def why_unsupported(self, node):
+            raise RuntimeError("boom")
+
+    a = f32(ctx, 4)
+    r = pc.sqrt(a)
+    with refused(Unsupported, r"backend 'picky' does not support <SQRT .*> \(odd lengths only; strict mode\)", ctx):
+        pc.compute(r, Picky(), strict=True)
+    assert pc.compute(r, Picky()).fallbacks[0].reason == "not supported: odd lengths only"
+    assert pc.plan(pc.Graph().expand(r), Picky()).fallbacks[0].reason == "not supported: odd lengths only"
+    assert pc.compute(r, Broken()).fallbacks[0].reason == "not supported: why_unsupported() raised RuntimeError"
+    result = run_case(next(iter(cases_for("SQRT"))), Picky())
+    assert result.status == UNSUPPORTED and result.message == "does not support SQRT: odd lengths only"
+
+
 @pytest.mark.parametrize("indices", [[0, 5], [-1, 0], [3, 3]], ids=["too-large", "negative", "equal-to-rows"])
 def test_get_rows_out_of_range_at_compute(ctx, indices):
     a = f32(ctx, 3, 4)  # 3 rows

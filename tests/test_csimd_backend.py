@@ -235,6 +235,11 @@ def test_unsupported_nodes_fall_back_openly():
     assert not be.supports(y)
     report = pc.compute(y, "csimd")
     assert report.fell_back == ["ADD"]
+    assert "shares the result's memory other than as the same view" in report.fallbacks[0].reason
+    ctx2 = pc.Context()
+    b = ctx2.from_numpy(np.ones((2, 3), np.float32))
+    z = pc.cpy(b, ctx2.new_tensor(pc.I16, (3, 2)))  # the op table accepts I16, the C kernels do not
+    assert not be.supports(z) and be.why_unsupported(z).startswith("result type I16")
 
 
 @pytest.mark.parametrize("t", [pc.F16, pc.BF16])

@@ -166,50 +166,61 @@ class CsimdBackend(prism_core.Backend):
 
     def supports(self, node: Tensor) -> bool:
         try:
-            return self._supports(node)
+            return not self._refusal(node)
         except Exception:  # noqa: BLE001 - supports() must not raise
             return False
 
-    def _supports(self, node: Tensor) -> bool:
+    def why_unsupported(self, node: Tensor) -> str:
+        try:
+            return self._refusal(node)
+        except Exception as e:  # noqa: BLE001
+            return f"supports() check raised {type(e).__name__}: {e}"
+
+    def _refusal(self, node: Tensor) -> str:
+        """Why csimd does not compute ``node`` ("" when it does)."""
         d = node.opdef
-        if d is None or d.key not in SUPPORT or "lib" not in _k._state:
-            return False
+        if d is None or d.key not in SUPPORT:
+            return "no C kernel for this op"
+        if "lib" not in _k._state:
+            return "the C extension is not loaded"
         src_types, out_types = SUPPORT[d.key]
         if node.type not in out_types:
-            return False
+            return f"result type {node.type.name} (C kernel: {', '.join(sorted(t.name for t in out_types))})"
         tensors = [node]
         for i, s in enumerate(node.src):
             if s is None:
                 continue
             if i >= len(src_types) or s.type not in src_types[i]:
-                return False
+                accepted = ", ".join(sorted(t.name for t in src_types[i])) if i < len(src_types) else "none"
+                return f"source {i} of type {s.type.name} (C kernel: {accepted})"
             tensors.append(s)
         key = d.key
         if key == "SOFT_MAX":
             sinks = node.src[2] if len(node.src) > 2 else None
             if sinks is not None and sinks.ne[0] < node.src[0].ne[2]:
-                return False
+                return "fewer sinks than heads"
             mask = node.src[1] if len(node.src) > 1 else None
             if mask is not None and mask.ne[0] != node.src[0].ne[0]:
-                return False
+                return "a mask row of another width than the input's"
         if key == "GET_ROWS" and node.src[1].ne[3] != 1:
-            return False
+            return "indices with a 4th dimension"
         if key == "ADD1" and node.src[1].nelements != 1:
-            return False
+            return "b is not a single value"
         if key in ("REPEAT", "CONCAT", "SET") and node.type != node.src[0].type:
-            return False
+            return "a type change"
         if key in ("PAD", "PAD_REFLECT_1D", "DIAG") and any(n <= 0 for n in node.src[0].ne):
-            return False
+            return "an empty source"
         if key == "ARANGE" and (node.ne[1:] != (1, 1, 1)):
-            return False
+            return "a result of more than one dimension"
         if key == "TIMESTEP_EMBEDDING" and (node.src[0].ne[1:] != (1, 1, 1) or node.ne[2:] != (1, 1)
                                             or float(node.params["max_period"]) <= 0):
-            return False
+            return "timesteps of more than one dimension or max_period <= 0"
         if key == "ARGMAX" and node.src[0].ne[2:] != (1, 1):
-            return False
+            return "a source of more than two dimensions"
         if key == "SET_ROWS" and (node.type != node.src[2].type or node.src[0].base is node.base
                                   or node.src[1].base is node.base):
-            return False  # rows are read while others are written: the values must not share the destination
+            # rows are read while others are written: the values must not share the destination
+            return "a result of another type than c, or rows/indices sharing the destination's memory"
         if key in ("ACC", "SET"):
             b = node.src[1]
             try:
@@ -217,16 +228,21 @@ class CsimdBackend(prism_core.Backend):
                                  (node.traits.type_size, int(node.params["nb1"]), int(node.params["nb2"]),
                                   int(node.params["nb3"])), node.base.nbytes)
             except Exception:  # noqa: BLE001 - a region outside the result's buffer: the reference decides
-                return False
+                return "a region outside the result's buffer"
         if key == "GET_ROWS_BACK" and (node.ne[2:] != (1, 1) or node.src[0].ne[2:] != (1, 1)
                                        or node.src[1].nelements != node.src[0].ne[1]):
-            return False
+            return "batched rows or an index count other than the gradient's rows"
         if key in ("ROPE", "ROPE_BACK") and not rope_supported(node):
-            return False  # parameters for which the reference raises (see kernels_rope.rope_supported)
-        if not all(t.nelements > 0 and t.is_element_aligned() and _inside(t) for t in tensors):
-            return False
+            return "parameters for which the reference raises (see kernels_rope.rope_supported)"
+        for t in tensors:
+            if t.nelements <= 0:
+                return f"an empty tensor ({t.label})"
+            if not t.is_element_aligned():
+                return f"{t.label}: offset or strides not multiples of its element size"
+            if not _inside(t):
+                return f"{t.label}: the view reaches outside its buffer"
         if key in ("MUL_MAT", "OUT_PROD") and node.nb[0] != node.traits.type_size:
-            return False
+            return "a result with non-contiguous rows"
         # The kernels read and write row by row (GROUP_NORM: each group read whole before its
         # elements are written in place): a source may share the result's memory only
         # as the exact same view (in-place ops); any other overlap goes to the reference.
@@ -237,7 +253,11 @@ class CsimdBackend(prism_core.Backend):
                          "MUL_MAT_ID", "IM2COL", "POOL_1D", "POOL_2D", "POOL_2D_BACK",
                          "FLASH_ATTN_EXT", "CONV_2D", "CONV_TRANSPOSE_1D")
         strict = strict or key in ("UPSCALE", "IM2COL_BACK")  # gather from other positions than they write
-        return all(s.base is not node.base or (not strict and s.same_view(node)) for s in tensors[1:])
+        for s in tensors[1:]:
+            if s.base is node.base and (strict or not s.same_view(node)):
+                return (f"{s.label} shares the result's memory" + (" (this kernel cannot run in place)" if strict
+                                                                   else " other than as the same view"))
+        return ""
 
 
 @prism_core.hookimpl

@@ -31,7 +31,7 @@ from ..registry import REGISTRY
 from ..tensor import Tensor
 from ..types import F32
 from .cases import registrar
-from .runner import FAIL, PASS, UNSUPPORTED, CaseResult, nmse
+from .runner import FAIL, PASS, UNSUPPORTED, CaseResult, nmse, unsupported_message
 
 DEFAULT_BOUND = 1e-4  # normalised squared error, i.e. about 1% in the L2 norm
 DEFAULT_H = 1e-2
@@ -270,10 +270,9 @@ def run_grad_case(case: GradCase, backend: Backend) -> CaseResult:
         build_backward(graph)
     except Unsupported as e:
         return CaseResult(case, backend.name, FAIL, f"no backward graph: {e}")
-    missing = sorted({n.opdef.key for n in graph.nodes
-                      if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)})
+    missing = [n for n in graph.nodes if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
     if missing:
-        return CaseResult(case, backend.name, UNSUPPORTED, f"does not support {', '.join(missing)}")
+        return CaseResult(case, backend.name, UNSUPPORTED, unsupported_message(backend, missing))
     try:
         reset(graph)
         plan(graph, backend, strict=True, reuse=False).compute()

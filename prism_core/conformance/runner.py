@@ -35,7 +35,7 @@ from ..errors import Unsupported
 from ..graph import Graph
 from ..plan import plan
 from ..registry import REGISTRY
-from ..schedule import compute
+from ..schedule import backend_reason, compute
 from ..tensor import Tensor
 from ..types import traits
 from .cases import Built, Case
@@ -279,6 +279,13 @@ def _crash(e: BaseException) -> str:
     return f"raised {type(e).__name__}: {e}{where}"
 
 
+def unsupported_message(backend: Backend, missing: list) -> str:
+    """"does not support KEYS", with the backend's reason for the first refused node."""
+    keys = ", ".join(sorted({n.opdef.key for n in missing}))
+    why = backend_reason(backend, missing[0])
+    return f"does not support {keys}" + (f": {why}" if why else "")
+
+
 def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
              timeout: float | None = DEFAULT_TIMEOUT) -> CaseResult:
     reference = reference or REGISTRY.reference()
@@ -295,8 +302,7 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
     except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
         return CaseResult(case, name, FAIL, f"supports() {_crash(e)}", detail=detail)
     if missing:
-        keys = ", ".join(sorted({n.opdef.key for n in missing}))
-        return CaseResult(case, name, UNSUPPORTED, f"does not support {keys}", detail=detail)
+        return CaseResult(case, name, UNSUPPORTED, unsupported_message(backend, missing), detail=detail)
     snap = _Snapshot(ctx, graph, built)
     try:
         run_isolated(lambda: plan(graph, backend, strict=True, reuse=False).compute(), timeout)
