@@ -62,3 +62,17 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<backend {self.name} {self.version}>"
+
+
+def type_refusal(node: Tensor, src_types: tuple, out_types) -> str:
+    """Why a backend whose kernel for ``node`` takes ``src_types[i]`` for source i (a source past
+    the tuple must be absent) and writes ``out_types`` refuses the node's types ("" if it does
+    not): a helper for ``supports``/``why_unsupported`` of backends keeping such a table."""
+    def names(types) -> str:
+        return ", ".join(sorted(t.name for t in types)) or "none"
+    if node.type not in out_types:
+        return f"result type {node.type.name} (kernel: {names(out_types)})"
+    for i, s in enumerate(node.src):
+        if s is not None and (i >= len(src_types) or s.type not in src_types[i]):
+            return f"source {i} of type {s.type.name} (kernel: {names(src_types[i] if i < len(src_types) else ())})"
+    return ""

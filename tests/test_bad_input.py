@@ -567,6 +567,20 @@ def test_a_backends_reason_reaches_errors_reports_and_conformance(ctx):
     assert result.status == UNSUPPORTED and result.message == "does not support SQRT: odd lengths only"
 
 
+def test_type_refusal_names_the_offending_type(ctx):
+    from prism_core.backend import type_refusal
+
+    y = pc.cpy(f32(ctx, 4), ctx.new_tensor(pc.I16, (4,)))
+    floats = frozenset({pc.F32, pc.F16})
+    assert type_refusal(y, (floats, floats), floats) == "result type I16 (kernel: F16, F32)"
+    assert type_refusal(y, (floats, frozenset({pc.I16})), floats | {pc.I16}) == ""
+    assert type_refusal(y, (frozenset({pc.F16}),), frozenset({pc.I16})) == "source 0 of type F32 (kernel: F16)"
+    assert type_refusal(y, (floats,), frozenset({pc.I16})) == "source 1 of type I16 (kernel: none)"
+    if any(b.name == "numba" and b.available for b in pc.backends()):
+        z = pc.cpy(f32(ctx, 4), ctx.new_tensor(pc.I32, (4,)))
+        assert pc.backend("numba").why_unsupported(z).startswith("float -> I32 conversion")
+
+
 @pytest.mark.parametrize("indices", [[0, 5], [-1, 0], [3, 3]], ids=["too-large", "negative", "equal-to-rows"])
 def test_get_rows_out_of_range_at_compute(ctx, indices):
     a = f32(ctx, 3, 4)  # 3 rows

@@ -27,6 +27,7 @@ import sys
 
 import prism_core
 from prism_core import Tensor
+from prism_core.backend import type_refusal
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
@@ -183,17 +184,10 @@ class CsimdBackend(prism_core.Backend):
             return "no C kernel for this op"
         if "lib" not in _k._state:
             return "the C extension is not loaded"
-        src_types, out_types = SUPPORT[d.key]
-        if node.type not in out_types:
-            return f"result type {node.type.name} (C kernel: {', '.join(sorted(t.name for t in out_types))})"
-        tensors = [node]
-        for i, s in enumerate(node.src):
-            if s is None:
-                continue
-            if i >= len(src_types) or s.type not in src_types[i]:
-                accepted = ", ".join(sorted(t.name for t in src_types[i])) if i < len(src_types) else "none"
-                return f"source {i} of type {s.type.name} (C kernel: {accepted})"
-            tensors.append(s)
+        refused = type_refusal(node, *SUPPORT[d.key])
+        if refused:
+            return refused
+        tensors = [node, *(s for s in node.src if s is not None)]
         key = d.key
         if key == "SOFT_MAX":
             sinks = node.src[2] if len(node.src) > 2 else None

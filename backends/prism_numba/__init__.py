@@ -26,6 +26,7 @@ from importlib import metadata
 
 import prism_core
 from prism_core import I32, Tensor
+from prism_core.backend import type_refusal
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
@@ -102,27 +103,40 @@ class NumbaBackend(prism_core.Backend):
         return numba.get_num_threads()
 
     def supports(self, node: Tensor) -> bool:
+        try:
+            return not self._refusal(node)
+        except Exception:  # noqa: BLE001 - supports() must not raise
+            return False
+
+    def why_unsupported(self, node: Tensor) -> str:
+        try:
+            return self._refusal(node)
+        except Exception as e:  # noqa: BLE001
+            return f"supports() check raised {type(e).__name__}: {e}"
+
+    def _refusal(self, node: Tensor) -> str:
+        """Why numba does not compute ``node`` ("" when it does)."""
         d = node.opdef
         if d is None or d.key not in SUPPORT:
-            return False
-        src_types, out_types = SUPPORT[d.key]
-        if node.type not in out_types:
-            return False
-        tensors = [node]
-        for i, s in enumerate(node.src):
-            if s is None:
-                continue
-            if i >= len(src_types) or s.type not in src_types[i]:
-                return False
-            tensors.append(s)
+            return "no Numba kernel for this op"
+        refused = type_refusal(node, *SUPPORT[d.key])
+        if refused:
+            return refused
+        tensors = [node, *(s for s in node.src if s is not None)]
         if d.key == "CPY" and node.type == I32 and node.src[0].type != I32:
-            return False  # float -> integer conversions (NaN, out of range) go to the reference
-        if not all(t.nelements > 0 and t.is_element_aligned() for t in tensors):
-            return False
+            return "float -> I32 conversion (NaN and out-of-range values are the reference's)"
+        for t in tensors:
+            if t.nelements <= 0:
+                return f"an empty tensor ({t.label})"
+            if not t.is_element_aligned():
+                return f"{t.label}: offset or strides not multiples of its element size"
         # The kernels read and write element by element: a source may share the result's
         # memory only as the exact same view (in-place ops); any other overlap goes to the
         # reference, which reads its sources whole before writing.
-        return all(s.base is not node.base or s.same_view(node) for s in tensors[1:])
+        for s in tensors[1:]:
+            if s.base is node.base and not s.same_view(node):
+                return f"{s.label} shares the result's memory other than as the same view"
+        return ""
 
     def compute(self, node: Tensor) -> None:
         if node.opdef is None or node.opdef.key not in KERNELS:
