@@ -101,7 +101,8 @@ def test_unsupported_nodes_fall_back_openly():
     y = pc.mul_mat(a, b16)  # numba multiplies F32 b only
     assert not be.supports(y)
     report = pc.compute(y, "numba")
-    assert report.fell_back == ["MUL_MAT"] and report.fallbacks[0].reason == "not supported"
+    assert report.fell_back == ["MUL_MAT"]
+    assert report.fallbacks[0].reason == "not supported: source 1 of type F16 (kernel: F32)"
     np.testing.assert_array_equal(y.numpy(), [[6, 22, 38], [6, 22, 38]])
     with pytest.raises(pc.Unsupported, match="does not support"):
         pc.compute(pc.mul_mat(a, b16), "numba", strict=True)
