@@ -119,7 +119,8 @@ def test_supports_checks_every_source_type():
     assert be.supports(pc.add(a16, a32)) and be.supports(pc.add(a32, a16))
     i32 = ctx.new_tensor(pc.I32, (8, 4))
     assert be.supports(pc.cont(i32))  # bit-for-bit integer copy
-    assert not be.supports(pc.cpy(a32, ctx.new_tensor(pc.I32, (8, 4))))  # conversions to integers: reference
+    assert be.supports(pc.cpy(a32, ctx.new_tensor(pc.I32, (8, 4))))  # truncated as the reference
+    assert not be.supports(pc.cpy(a32, ctx.new_tensor(pc.I16, (8, 4))))  # no I16 kernel
     empty = ctx.new_tensor(pc.F32, (0, 4))
     assert not be.supports(pc.add(empty, empty))  # nothing to compute: left to the reference
 
@@ -277,3 +278,20 @@ def test_new_heavy_ops_are_computed_by_numba_itself():
         assert report.fallbacks == []
         pc.compute(ref, "numpy")
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_float_to_int_copies_truncate_as_the_reference():
+    """F32/F16 -> I32 truncates toward zero; NaN and out-of-range give INT32_MIN (NumPy on x86)."""
+    f = np.array([2.7, -2.7, 0.5, -0.5, 1e9, -1e9, 3e9, -3e9, np.nan, np.inf, -np.inf, 16777217.0], np.float32)
+    expect = np.array([2, -2, 0, 0, 10**9, -10**9] + [-2**31] * 5 + [16777216], np.int32)
+    for t in (pc.F32, pc.F16):
+        with np.errstate(over="ignore"):  # 1e9, 3e9 become F16 infinities: INT32_MIN as well
+            vals = f if t == pc.F32 else f.astype(np.float16)
+        ctx = pc.Context()
+        src = ctx.new_tensor(t, (12,))
+        src.set(vals)
+        y = pc.cpy(src, ctx.new_tensor(pc.I32, (12,)))
+        pc.compute(y, "numba", strict=True)
+        ref = np.trunc(vals.astype(np.float64))
+        want = expect if t == pc.F32 else np.where(np.isfinite(ref) & (np.abs(ref) < 2**31), ref, -2**31)
+        np.testing.assert_array_equal(y.numpy(), want.astype(np.int32))

@@ -25,7 +25,7 @@ from functools import partial
 from importlib import metadata
 
 import prism_core
-from prism_core import I32, Tensor
+from prism_core import Tensor
 from prism_core.backend import type_refusal
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
@@ -123,8 +123,6 @@ class NumbaBackend(prism_core.Backend):
         if refused:
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]
-        if d.key == "CPY" and node.type == I32 and node.src[0].type != I32:
-            return "float -> I32 conversion (NaN and out-of-range values are the reference's)"
         for t in tensors:
             if t.nelements <= 0:
                 return f"an empty tensor ({t.label})"

@@ -129,6 +129,14 @@ def _st(o, kind, i3, i2, i1, i0, v):
                 o[i3, i2, i1, i0] = f2bf(v)
             else:
                 o[i3, i2, i1, i0] = f2h(v)
+    elif o.dtype == types.int32 and isinstance(v, types.Float):
+        # truncation toward zero; NaN and out-of-range give INT32_MIN, as the reference (NumPy on x86)
+        # (a plain cast of those is undefined in LLVM)
+        def impl(o, kind, i3, i2, i1, i0, v):
+            if v >= -2147483648.0 and v < 2147483648.0:
+                o[i3, i2, i1, i0] = np.int32(v)
+            else:
+                o[i3, i2, i1, i0] = np.int32(-2147483648)
     else:
         def impl(o, kind, i3, i2, i1, i0, v):
             o[i3, i2, i1, i0] = v

@@ -25,7 +25,7 @@ KERNELS: dict[str, Callable[[Tensor], None]] = {}
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
-COPYABLE = FLOATS | INDICES  # CPY never converts floats to I32 (see NumbaBackend.supports)
+COPYABLE = FLOATS | INDICES  # float -> I32 truncates as the reference (NaN, out of range: INT32_MIN)
 
 # op-table key -> (accepted types of each source, accepted result types).
 # A source beyond the tuple must be absent (None).
