@@ -36,14 +36,29 @@ class Backend:
     def threads(self) -> int:
         return 1
 
+    def refusal(self, node: Tensor) -> str | None:
+        """Optional: why this backend does not compute ``node``, in a few words ("" when it
+        does). Override it to write each refusal once: :meth:`supports` and
+        :meth:`why_unsupported` derive from it. None (the default): supports() decides alone."""
+        return None
+
     def supports(self, node: Tensor) -> bool:
-        d = node.opdef
-        return d is not None and d.key in self.kernels
+        try:
+            refused = self.refusal(node)
+        except Exception:  # noqa: BLE001 - supports() must not raise
+            return False
+        if refused is None:
+            d = node.opdef
+            return d is not None and d.key in self.kernels
+        return not refused
 
     def why_unsupported(self, node: Tensor) -> str:
-        """Optional: why ``supports(node)`` is False, in a few words for reports and errors
-        ("" when there is nothing to add to "not supported"). Must not raise."""
-        return ""
+        """Why ``supports(node)`` is False, for reports and errors ("" when there is nothing to
+        add to "not supported"). Must not raise."""
+        try:
+            return self.refusal(node) or ""
+        except Exception as e:  # noqa: BLE001
+            return f"the refusal check raised {type(e).__name__}: {e}"
 
     def prepare(self, node: Tensor) -> Callable[[], None] | None:
         """Optional: a zero-argument callable computing ``node`` with everything resolved
@@ -76,3 +91,33 @@ def type_refusal(node: Tensor, src_types: tuple, out_types) -> str:
         if s is not None and (i >= len(src_types) or s.type not in src_types[i]):
             return f"source {i} of type {s.type.name} (kernel: {names(src_types[i] if i < len(src_types) else ())})"
     return ""
+
+
+class KernelTable:
+    """A backend's kernels by op key, with the types each accepts (``support[key]`` = (types of
+    each source, result types); a source past the tuple must be absent) and the keys whose
+    wrapper reads tensor values, so that a prepared call must not be bound once."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Kernel] = {}
+        self.support: dict[str, tuple[tuple[frozenset, ...], frozenset]] = {}
+        self.reads_values: set[str] = set()
+
+    def kernel(self, srcs: tuple[frozenset, ...], out: frozenset, *keys: str, reads_values: bool = False):
+        """Decorator: register f as the kernel of ``keys``; ``reads_values=True`` for a wrapper
+        whose arguments depend on tensor values (not only on shapes, params and memory)."""
+        def deco(f):
+            for k in keys:
+                self.kernels[k] = f
+                self.support[k] = (srcs, out)
+                if reads_values:
+                    self.reads_values.add(k)
+            return f
+        return deco
+
+    def refusal(self, node: Tensor) -> str:
+        """"" when a kernel takes the node's op and types, else why not (see type_refusal)."""
+        d = node.opdef
+        if d is None or d.key not in self.support:
+            return "no kernel for this op"
+        return type_refusal(node, *self.support[d.key])

@@ -27,11 +27,10 @@ import sys
 
 import prism_core
 from prism_core import Tensor
-from prism_core.backend import type_refusal
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
-from .kernels import KERNELS, SUPPORT
+from .kernels import KERNELS, TABLE
 from .kernels_rope import rope_supported
 
 ENV_ISA = "PRISM_CSIMD_ISA"
@@ -165,30 +164,15 @@ class CsimdBackend(prism_core.Backend):
     def prepare(self, node: Tensor):
         return _k.prepare(node)
 
-    def supports(self, node: Tensor) -> bool:
-        try:
-            return not self._refusal(node)
-        except Exception:  # noqa: BLE001 - supports() must not raise
-            return False
-
-    def why_unsupported(self, node: Tensor) -> str:
-        try:
-            return self._refusal(node)
-        except Exception as e:  # noqa: BLE001
-            return f"supports() check raised {type(e).__name__}: {e}"
-
-    def _refusal(self, node: Tensor) -> str:
-        """Why csimd does not compute ``node`` ("" when it does)."""
-        d = node.opdef
-        if d is None or d.key not in SUPPORT:
-            return "no C kernel for this op"
+    def refusal(self, node: Tensor) -> str:
+        """Why csimd does not compute ``node`` ("" when it does); supports() derives from it."""
         if "lib" not in _k._state:
             return "the C extension is not loaded"
-        refused = type_refusal(node, *SUPPORT[d.key])
+        refused = TABLE.refusal(node)
         if refused:
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]
-        key = d.key
+        key = node.opdef.key
         if key == "SOFT_MAX":
             sinks = node.src[2] if len(node.src) > 2 else None
             if sinks is not None and sinks.ne[0] < node.src[0].ne[2]:

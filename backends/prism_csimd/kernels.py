@@ -15,41 +15,21 @@ from collections.abc import Callable
 import numpy as np
 
 from prism_core import Tensor
+from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument, Unsupported
-from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType
+from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
-KERNELS: dict[str, Callable[[Tensor], None]] = {}
+TABLE = KernelTable()
+KERNELS, SUPPORT, READS_VALUES, kernel = TABLE.kernels, TABLE.support, TABLE.reads_values, TABLE.kernel
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
 TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3, I64: 4}  # I64: COUNT_EQUAL's result and SET_ROWS indices
 
-# op-table key -> (accepted types of each source, accepted result types).
-# A source beyond the tuple must be absent (None).
-SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] = {}
 
 # set by the backend: (ffi, lib) of the loaded extension and the thread count to use
 _state: dict[str, object] = {}
-
-
-# ops whose wrapper reads tensor values in Python before the C call (index range checks): their
-# checks must run at every compute, so they are never prepared
-READS_VALUES: set[str] = set()
-
-
-def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str, reads_values: bool = False):
-    """Register f as the kernel of ``keys``. A wrapper builds its descriptors with :func:`desc` and
-    calls the C library through :func:`_lib`, so :func:`prepare` can record the call once; one that
-    reads tensor values in Python (not only shapes and params) must say ``reads_values=True``."""
-    def deco(f):
-        for k in keys:
-            KERNELS[k] = f
-            SUPPORT[k] = (srcs, out)
-            if reads_values:
-                READS_VALUES.add(k)
-        return f
-    return deco
 
 
 # ------------------------------------------------------------------ prepared calls

@@ -26,12 +26,11 @@ from importlib import metadata
 
 import prism_core
 from prism_core import Tensor
-from prism_core.backend import type_refusal
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
-from .kernels import KERNELS, SUPPORT, BoundCall, record, run_wrapper
+from .kernels import KERNELS, TABLE, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
 __all__ = ["NumbaBackend", "warm_up"]
@@ -102,24 +101,9 @@ class NumbaBackend(prism_core.Backend):
         import numba
         return numba.get_num_threads()
 
-    def supports(self, node: Tensor) -> bool:
-        try:
-            return not self._refusal(node)
-        except Exception:  # noqa: BLE001 - supports() must not raise
-            return False
-
-    def why_unsupported(self, node: Tensor) -> str:
-        try:
-            return self._refusal(node)
-        except Exception as e:  # noqa: BLE001
-            return f"supports() check raised {type(e).__name__}: {e}"
-
-    def _refusal(self, node: Tensor) -> str:
-        """Why numba does not compute ``node`` ("" when it does)."""
-        d = node.opdef
-        if d is None or d.key not in SUPPORT:
-            return "no Numba kernel for this op"
-        refused = type_refusal(node, *SUPPORT[d.key])
+    def refusal(self, node: Tensor) -> str:
+        """Why numba does not compute ``node`` ("" when it does); supports() derives from it."""
+        refused = TABLE.refusal(node)
         if refused:
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]

@@ -16,24 +16,19 @@ from typing import NamedTuple
 import numpy as np
 
 from prism_core import GluOp, SortOrder, Tensor, UnaryOp
+from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument
 from prism_core.semantics import alibi_slopes
-from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType
+from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
-KERNELS: dict[str, Callable[[Tensor], None]] = {}
+TABLE = KernelTable()
+KERNELS, SUPPORT, READS_VALUES, kernel = TABLE.kernels, TABLE.support, TABLE.reads_values, TABLE.kernel
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
 COPYABLE = FLOATS | INDICES  # float -> I32 truncates as the reference (NaN, out of range: INT32_MIN)
 
-# op-table key -> (accepted types of each source, accepted result types).
-# A source beyond the tuple must be absent (None).
-SUPPORT: dict[str, tuple[tuple[frozenset[GGMLType], ...], frozenset[GGMLType]]] = {}
-
-# Keys whose wrapper reads tensor values (indices to check, hyper-parameters, positions), not
-# only shapes, params and memory: they cannot be recorded once by prepare() (see record()).
-READS_VALUES: set[str] = set()
 
 _jit_module = None
 
@@ -44,21 +39,6 @@ def _jit():
         from . import _jit as j
         _jit_module = j
     return _jit_module
-
-
-def kernel(srcs: tuple[frozenset[GGMLType], ...], out: frozenset[GGMLType], *keys: str,
-           reads_values: bool = False):
-    """Register a node wrapper for ``keys``. A wrapper passes everything to compiled kernels
-    through :func:`_run`; one whose arguments depend on tensor values (not only on shapes,
-    params and memory) must say ``reads_values=True``."""
-    def deco(f):
-        for k in keys:
-            KERNELS[k] = f
-            SUPPORT[k] = (srcs, out)
-            if reads_values:
-                READS_VALUES.add(k)
-        return f
-    return deco
 
 
 # ------------------------------------------------------------------ array access
