@@ -44,24 +44,10 @@ def test_buffers_are_reused_and_protected_tensors_are_not():
     plan = pc.plan(g, "numpy")
     assert plan.arena_bytes > 0 and plan.peak_bytes < plan.naive_bytes
     assert plan.inplace_reuses >= 1  # tanh -> sqr: sqr writes over its dying source
-    shared = [n for n in g.nodes if n.view_src is None and n._storage is not None
-              and np.shares_memory(n._storage, plan.arena)]
     protected = [loss, *(g.grad(p) for p in params), *g.grad_accs.values()]
     for t in protected:
         assert t._storage is None or not np.shares_memory(t._storage, plan.arena), t.label
-    # two results that share arena bytes are never alive at the same time
-    index = {id(n): i for i, n in enumerate(g.nodes)}
-    last = {}
-    for i, n in enumerate(g.nodes):
-        for s in n.src:
-            if s is not None:
-                last[id(s.base)] = i
-    for a in shared:
-        for b in shared:
-            if a is not b and np.shares_memory(a._storage, b._storage):
-                ia, ib = index[id(a)], index[id(b)]
-                first, second = (a, b) if ia < ib else (b, a)
-                assert last[id(first)] <= index[id(second)], (first.label, second.label)
+    _assert_no_live_overlap(g, plan)  # two results that share arena bytes are never alive at the same time
 
 
 def test_live_bound_counts_what_is_alive_at_once():
