@@ -164,12 +164,16 @@ int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd
     return 0;
 }
 
+/* what mul_mat and out_prod share: float operands, an F32 result with contiguous rows, b's batch */
+static int gemm_operands(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d) {
+    return nonneg(a) && nonneg(b) && nonneg(d) && blocks(a, b) && d->nb[0] == 4 && d->nb[1] % 4 == 0 &&
+           d->ne[2] == b->ne[2] && d->ne[3] == b->ne[3] && is_float(a->type) && is_float(b->type) &&
+           d->type == CSIMD_F32;
+}
+
 int csimd_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     int rc = 0;
-    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !blocks(a, b) || d->nb[0] != 4 || d->nb[1] % 4) return -1;
-    if (b->ne[0] != a->ne[0] || d->ne[0] != a->ne[1] || d->ne[1] != b->ne[1] || d->ne[2] != b->ne[2] ||
-        d->ne[3] != b->ne[3] || !is_float(a->type) || !is_float(b->type) || d->type != CSIMD_F32)
-        return -1;
+    if (!gemm_operands(a, b, d) || b->ne[0] != a->ne[0] || d->ne[0] != a->ne[1] || d->ne[1] != b->ne[1]) return -1;
     nth = clamp_threads(nth);
     CALL_RC(rc, mul_mat, a, b, d, nth)
     return rc;
@@ -286,10 +290,7 @@ int csimd_get_rows_back(const csimd_tensor *g, const csimd_tensor *idx, const cs
 
 int csimd_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     int rc = 0;
-    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !blocks(a, b) || d->nb[0] != 4 || d->nb[1] % 4) return -1;
-    if (b->ne[1] != a->ne[1] || d->ne[0] != a->ne[0] || d->ne[1] != b->ne[0] || d->ne[2] != b->ne[2] ||
-        d->ne[3] != b->ne[3] || !is_float(a->type) || !is_float(b->type) || d->type != CSIMD_F32)
-        return -1;
+    if (!gemm_operands(a, b, d) || b->ne[1] != a->ne[1] || d->ne[0] != a->ne[0] || d->ne[1] != b->ne[0]) return -1;
     nth = clamp_threads(nth);
     CALL_RC(rc, out_prod, a, b, d, nth)
     return rc;

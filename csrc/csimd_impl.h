@@ -935,8 +935,10 @@ ATTR static int FN(gemm_any)(const char *a, int at, int64_t anm, int64_t ank, co
     return FN(gemm)(a, at, anm, ank, b, bt, bnn, bnk, C, ldc, 1, M, N, K, nth);
 }
 
-ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
-    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+/* every matrix pair of d = b * a^T, a's blocks broadcast over b's dims 2, 3 (ggml): rows of a at
+   stride `ar` with elements at `ak` (and likewise `br`, `bk` for b), K the summed extent */
+ATTR static int FN(gemm_blocks)(const csimd_tensor *a, int64_t ar, int64_t ak, const csimd_tensor *b, int64_t br,
+                                int64_t bk, const csimd_tensor *d, int64_t M, int64_t N, int64_t K, int nth) {
     const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     if ((double)M * (double)N * (double)K < 65536.0 * 4) nth = 1;
     for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
@@ -944,11 +946,14 @@ ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const 
             const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
             const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
             float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            const int rc = FN(gemm_any)(ap, a->type, a->nb[1], a->nb[0], bp, b->type, b->nb[1], b->nb[0], dp,
-                                        d->nb[1] / 4, M, N, K, nth);
+            const int rc = FN(gemm_any)(ap, a->type, ar, ak, bp, b->type, br, bk, dp, d->nb[1] / 4, M, N, K, nth);
             if (rc) return rc;
         }
     return 0;
+}
+
+ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    return FN(gemm_blocks)(a, a->nb[1], a->nb[0], b, b->nb[1], b->nb[0], d, a->ne[1], b->ne[1], a->ne[0], nth);
 }
 
 
@@ -1097,20 +1102,8 @@ ATTR static void FN(get_rows_back)(const csimd_tensor *g, const csimd_tensor *id
 }
 
 ATTR static int FN(out_prod)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
-    /* out[j][i] = sum_t b[t][j] a[t][i]: the GEMM with N = b.ne0, M = a.ne0, K = a.ne1 */
-    const int64_t K = a->ne[1], M = a->ne[0], N = b->ne[0];
-    const int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
-    if ((double)M * (double)N * (double)K < 65536.0 * 4) nth = 1;
-    for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < d->ne[2]; i2++) {
-            const char *ap = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
-            const char *bp = b->data + i2 * b->nb[2] + i3 * b->nb[3];
-            float *dp = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
-            const int rc = FN(gemm_any)(ap, a->type, a->nb[0], a->nb[1], bp, b->type, b->nb[0], b->nb[1], dp,
-                                        d->nb[1] / 4, M, N, K, nth);
-            if (rc) return rc;
-        }
-    return 0;
+    /* out[j][i] = sum_t b[t][j] a[t][i]: the GEMM with N = b.ne0, M = a.ne0, K = a.ne1, both read transposed */
+    return FN(gemm_blocks)(a, a->nb[0], a->nb[1], b, b->nb[0], b->nb[1], d, a->ne[0], b->ne[0], a->ne[1], nth);
 }
 
 /* ------------------------------------------------------------ gated linear units
