@@ -7,6 +7,7 @@ again or importing another backend.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,3 +38,60 @@ def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fas
             return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
         return math.inf if n_rot == 0 else -math.inf
     return max(0.0, math.floor(corr_dim(beta_fast))), min(n_dims - 1.0, math.ceil(corr_dim(beta_slow)))
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """What RoPE rotates and by which angle, per pair k of rotated elements (ggml's modes):
+    element ``first[k]`` with ``second[k]``; angle at token t = freq_scale * streams[which[k], t]
+    * inv_freq[k] / freq_factor[k], blended with the unscaled angle by ``mix[k]`` (YaRN) and
+    cos/sin scaled by ``mscale``."""
+    n_pairs: int
+    first: np.ndarray
+    second: np.ndarray
+    streams: np.ndarray  # (number of position streams, n_tok) float64: 4 for the multi-section modes
+    which: np.ndarray  # the position stream of each pair
+    inv_freq: np.ndarray
+    mix: np.ndarray
+    mscale: float
+
+
+def rope_tables(p, pos: np.ndarray, n_tok: int) -> RopeTables:
+    """The per-pair tables of a ROPE/ROPE_BACK node with params ``p`` and positions ``pos``."""
+    from .ops import RopeMode
+
+    mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
+    if mode == RopeMode.VISION:
+        n_pairs, first, second = n_dims, np.arange(n_dims), np.arange(n_dims) + n_dims
+    elif mode == RopeMode.NORMAL:
+        n_pairs = n_dims // 2
+        first, second = offs + 2 * np.arange(n_pairs), offs + 2 * np.arange(n_pairs) + 1
+    else:
+        n_pairs = n_dims // 2
+        first, second = offs + np.arange(n_pairs), offs + np.arange(n_pairs) + n_pairs
+    k = np.arange(n_pairs)
+    inv_freq = p["freq_base"] ** (-2.0 * k / n_dims)
+    if mode in (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE):
+        streams = pos.reshape(4, n_tok).astype(np.float64)  # time, height, width, extra
+        sections = p["sections"]
+        sect = k % sum(sections)
+        s0, s1, s2 = sections[0], sections[1], sections[2]
+        if mode == RopeMode.IMROPE:
+            which = np.where((sect % 3 == 1) & (sect < 3 * s1), 1,
+                             np.where((sect % 3 == 2) & (sect < 3 * s2), 2,
+                                      np.where((sect % 3 == 0) & (sect < 3 * s0), 0, 3)))
+        else:
+            which = np.select([sect < s0, sect < s0 + s1, sect < s0 + s1 + s2], [0, 1, 2], 3)
+        if mode == RopeMode.VISION:  # each section restarts its frequencies
+            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
+            inv_freq = p["freq_base"] ** (-2.0 * (sect - starts[which]) / n_dims)
+    else:
+        streams = pos.astype(np.float64).reshape(1, n_tok)
+        which = np.zeros(n_pairs, np.int64)
+    mscale = float(p["attn_factor"])
+    mix = np.zeros(n_pairs)
+    if p["ext_factor"] != 0.0:
+        low, high = rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        mix = (1 - np.clip((k - low) / max(0.001, high - low), 0, 1)) * p["ext_factor"]
+        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
+    return RopeTables(n_pairs, first, second, streams, which, inv_freq, mix, mscale)

@@ -8,21 +8,17 @@ per-element work runs in the compiled kernels.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.ops import RopeMode
 from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import alibi_slopes, rope_yarn_corr_dims
+from prism_core.semantics import alibi_slopes, rope_tables
 from prism_core.types import F16, F32, I32, I64
 
 from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut
 
 F32_F16 = frozenset({F32, F16})
-MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)
 
 
 # ------------------------------------------------------------------ rope
@@ -32,50 +28,14 @@ def _rope(n: Tensor) -> None:
     pos = n.src[1].host().reshape(-1)
     ffs = n.src[2] if len(n.src) > 2 and n.src[2] is not None else None
     p = n.params
-    mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
-    n_tok = n.ne[2]
-    if mode == RopeMode.VISION:
-        n_pairs = n_dims
-        first, second = np.arange(n_dims), np.arange(n_dims) + n_dims
-    elif mode == RopeMode.NORMAL:
-        n_pairs = n_dims // 2
-        first, second = offs + 2 * np.arange(n_pairs), offs + 2 * np.arange(n_pairs) + 1
-    else:
-        n_pairs = n_dims // 2
-        first, second = offs + np.arange(n_pairs), offs + np.arange(n_pairs) + n_pairs
-    k = np.arange(n_pairs)
-    inv_freq = p["freq_base"] ** (-2.0 * k / n_dims)
-    if mode in MROPE_MODES:
-        streams = pos.reshape(4, n_tok).astype(np.float64)
-        sections = p["sections"]
-        sect = k % sum(sections)
-        s0, s1, s2 = sections[0], sections[1], sections[2]
-        if mode == RopeMode.IMROPE:
-            which = np.where((sect % 3 == 1) & (sect < 3 * s1), 1,
-                             np.where((sect % 3 == 2) & (sect < 3 * s2), 2,
-                                      np.where((sect % 3 == 0) & (sect < 3 * s0), 0, 3)))
-        else:
-            which = np.select([sect < s0, sect < s0 + s1, sect < s0 + s1 + s2], [0, 1, 2], 3)
-        if mode == RopeMode.VISION:  # each section restarts its frequencies
-            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
-            inv_freq = p["freq_base"] ** (-2.0 * (sect - starts[which]) / n_dims)
-    else:
-        streams = pos.astype(np.float64).reshape(1, n_tok)
-        which = np.zeros(n_pairs, np.int64)
-    ff = (np.ascontiguousarray(ffs.host().reshape(-1)[:n_pairs], np.float64) if ffs is not None
-          else np.ones(n_pairs))
-    mscale = float(p["attn_factor"])
-    mix = np.zeros(n_pairs)
-    if p["ext_factor"] != 0.0:
-        low, high = rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
-        ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
-        mix = ramp * p["ext_factor"]
-        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
+    t = rope_tables(p, pos, n.ne[2])
+    ff = (np.ascontiguousarray(ffs.host().reshape(-1)[:t.n_pairs], np.float64) if ffs is not None
+          else np.ones(t.n_pairs))
     sign = -1.0 if n.opdef.key == "ROPE_BACK" else 1.0
-    _run("rope", arr(a), lut(a), arr(n), kind(n), np.ascontiguousarray(streams, np.float64),
-         np.ascontiguousarray(which, np.int64), np.ascontiguousarray(inv_freq, np.float64), ff,
-         np.ascontiguousarray(mix, np.float64), np.ascontiguousarray(first, np.int64),
-         np.ascontiguousarray(second, np.int64), float(p["freq_scale"]), mscale, sign)
+    _run("rope", arr(a), lut(a), arr(n), kind(n), np.ascontiguousarray(t.streams, np.float64),
+         np.ascontiguousarray(t.which, np.int64), np.ascontiguousarray(t.inv_freq, np.float64), ff,
+         np.ascontiguousarray(t.mix, np.float64), np.ascontiguousarray(t.first, np.int64),
+         np.ascontiguousarray(t.second, np.int64), float(p["freq_scale"]), t.mscale, sign)
 
 
 # ------------------------------------------------------------------ attention

@@ -2,54 +2,27 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.ops import RopeMode
-from prism_core.semantics import alibi_slopes, rope_yarn_corr_dims
+from prism_core.semantics import RopeTables, alibi_slopes, rope_tables
 from prism_core.types import from_f32
 
 from .kernels import kernel, store, val
 
 
-def rope_angles(n: Tensor, pos: np.ndarray, n_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_angles(n: Tensor, t: RopeTables) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin (times mscale) for each token (rows) and pair index k (columns)."""
     p = n.params
-    mode, n_dims, sections = p["mode"], p["n_dims"], p["sections"]
     ff = val(n.src[2]).reshape(-1) if len(n.src) > 2 and n.src[2] is not None else None
-    n_tok = n.ne[2]
-    k = np.arange(n_pairs)
-    inv_freq = p["freq_base"] ** (-2.0 * k / n_dims)
-    if mode in (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE):
-        streams = pos.reshape(4, n_tok).astype(np.float64)  # time, height, width, extra
-        sect = k % sum(sections)
-        s0, s1, s2 = sections[0], sections[1], sections[2]
-        if mode == RopeMode.IMROPE:
-            which = np.where((sect % 3 == 1) & (sect < 3 * s1), 1,
-                             np.where((sect % 3 == 2) & (sect < 3 * s2), 2,
-                                      np.where((sect % 3 == 0) & (sect < 3 * s0), 0, 3)))
-        else:
-            which = np.select([sect < s0, sect < s0 + s1, sect < s0 + s1 + s2], [0, 1, 2], 3)
-        if mode == RopeMode.VISION:  # each section restarts its frequencies
-            starts = np.array([0, s0, s0 + s1, s0 + s1 + s2])
-            inv_freq = p["freq_base"] ** (-2.0 * (sect - starts[which]) / n_dims)
-        theta_base = streams[which].T * inv_freq  # (n_tok, n_pairs)
-    else:
-        theta_base = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+    theta_base = t.streams[t.which].T * t.inv_freq  # (n_tok, n_pairs)
     if ff is not None:
-        theta_base = theta_base / ff[:n_pairs]
+        theta_base = theta_base / ff[:t.n_pairs]
     theta = p["freq_scale"] * theta_base
-    mscale = p["attn_factor"]
     if p["ext_factor"] != 0.0:
-        low, high = rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
-        ramp = 1 - np.clip((k - low) / max(0.001, high - low), 0, 1)
-        mix = ramp * p["ext_factor"]
-        theta = theta * (1 - mix) + theta_base * mix
-        mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
-    return np.cos(theta) * mscale, np.sin(theta) * mscale
+        theta = theta * (1 - t.mix) + theta_base * t.mix
+    return np.cos(theta) * t.mscale, np.sin(theta) * t.mscale
 
 
 @kernel("ROPE", "ROPE_BACK")
@@ -58,16 +31,9 @@ def _rope(n: Tensor) -> None:
     p = n.params
     x = val(a)  # (ne3, n_tok, n_head, ne0)
     out = x.copy()
-    mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
-    if mode == RopeMode.VISION:
-        n_pairs, first, second = n_dims, np.arange(n_dims), np.arange(n_dims) + n_dims
-    elif mode == RopeMode.NORMAL:
-        n_pairs = n_dims // 2
-        first, second = offs + 2 * np.arange(n_pairs), offs + 2 * np.arange(n_pairs) + 1
-    else:
-        n_pairs = n_dims // 2
-        first, second = offs + np.arange(n_pairs), offs + np.arange(n_pairs) + n_pairs
-    cos, sin = rope_angles(n, pos, n_pairs)
+    t = rope_tables(p, pos, n.ne[2])
+    first, second = t.first, t.second
+    cos, sin = rope_angles(n, t)
     if n.opdef.key == "ROPE_BACK":
         sin = -sin  # the inverse rotation is the transpose
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
