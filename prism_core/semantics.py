@@ -95,3 +95,45 @@ def rope_tables(p, pos: np.ndarray, n_tok: int) -> RopeTables:
         mix = (1 - np.clip((k - low) / max(0.001, high - low), 0, 1)) * p["ext_factor"]
         mscale *= 1.0 + 0.1 * math.log(1.0 / p["freq_scale"])
     return RopeTables(n_pairs, first, second, streams, which, inv_freq, mix, mscale)
+
+
+@dataclass(frozen=True)
+class UpscaleTables:
+    """Source indices of UPSCALE along each dim (ggml's float32 arithmetic): dims 3, 2 by
+    nearest index; dims 1, 0 as the lower/upper source (y0/y1, x0/x1) and the weight of the
+    upper one (dy, dx), which is 0 with y1 = y0 (x1 = x0) in nearest mode."""
+    i3: np.ndarray
+    i2: np.ndarray
+    y0: np.ndarray
+    y1: np.ndarray
+    dy: np.ndarray
+    x0: np.ndarray
+    x1: np.ndarray
+    dx: np.ndarray
+
+
+def upscale_tables(out_ne, in_ne, bilinear: bool, align_corners: bool) -> UpscaleTables:
+    f32 = np.float32
+    sf = [f32(out_ne[i]) / f32(in_ne[i]) for i in range(4)]
+
+    def nearest(i: int) -> np.ndarray:  # int64(i / sf) in float32, as ggml
+        idx = np.floor(np.arange(out_ne[i], dtype=f32) / sf[i]).astype(np.int64)
+        return np.minimum(idx, in_ne[i] - 1)
+
+    if not bilinear:
+        y0, x0 = nearest(1), nearest(0)
+        return UpscaleTables(nearest(3), nearest(2), y0, y0, np.zeros(len(y0)), x0, x0, np.zeros(len(x0)))
+    off = f32(0.5)
+    if align_corners:
+        off = f32(0.0)
+        for i in (0, 1):
+            if out_ne[i] > 1 and in_ne[i] > 1:
+                sf[i] = f32(out_ne[i] - 1) / f32(in_ne[i] - 1)
+
+    def lerp_axis(i: int):
+        pos = (np.arange(out_ne[i], dtype=f32) + off) / sf[i] - off
+        lo = np.floor(pos).astype(np.int64)
+        lo, hi = np.clip(lo, 0, in_ne[i] - 1), np.clip(lo + 1, 0, in_ne[i] - 1)
+        return lo, hi, np.clip(pos - lo.astype(f32), f32(0), f32(1)).astype(np.float64)
+
+    return UpscaleTables(nearest(3), nearest(2), *lerp_axis(1), *lerp_axis(0))

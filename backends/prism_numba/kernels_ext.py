@@ -2,7 +2,7 @@
 convolution / pooling / resize family (compiled kernels: :mod:`._jit_ext`).
 
 Per-node tables that cost O(row length) (RoPE's per-pair frequencies, UPSCALE's source
-indices) are computed here with NumPy exactly as the reference computes them; the
+indices) come from prism_core.semantics, the same functions the reference uses; the
 per-element work runs in the compiled kernels.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import alibi_slopes, rope_tables
+from prism_core.semantics import alibi_slopes, rope_tables, upscale_tables
 from prism_core.types import F16, F32, I32, I64
 
 from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut
@@ -142,37 +142,8 @@ def _pool_2d_back(n: Tensor) -> None:
 @kernel((ONLY_F32,), ONLY_F32, "UPSCALE")
 def _upscale(n: Tensor) -> None:
     a = n.src[0]
-    f32 = np.float32
-    sf = [f32(n.ne[i]) / f32(a.ne[i]) for i in range(4)]
-
-    def nearest(i: int) -> np.ndarray:  # int64(i / sf) in float32, as ggml
-        idx = np.floor(np.arange(n.ne[i], dtype=f32) / sf[i]).astype(np.int64)
-        return np.minimum(idx, a.ne[i] - 1)
-
-    i3, i2 = nearest(3), nearest(2)
-    if n.params["mode"] == ScaleMode.NEAREST:
-        y0, x0 = nearest(1), nearest(0)
-        y1, x1, dy, dx = y0, x0, np.zeros(len(y0)), np.zeros(len(x0))
-        bilinear = 0
-    else:
-        off = f32(0.5)
-        if n.params["align_corners"]:
-            off = f32(0.0)
-            for i in (0, 1):
-                if n.ne[i] > 1 and a.ne[i] > 1:
-                    sf[i] = f32(n.ne[i] - 1) / f32(a.ne[i] - 1)
-
-        def lerp_axis(i: int):
-            pos = (np.arange(n.ne[i], dtype=f32) + off) / sf[i] - off
-            lo = np.floor(pos).astype(np.int64)
-            hi = lo + 1
-            lo, hi = np.clip(lo, 0, a.ne[i] - 1), np.clip(hi, 0, a.ne[i] - 1)
-            frac = np.clip(pos - lo.astype(f32), f32(0), f32(1)).astype(np.float64)
-            return lo, hi, frac
-
-        y0, y1, dy = lerp_axis(1)
-        x0, x1, dx = lerp_axis(0)
-        bilinear = 1
+    bilinear = int(n.params["mode"] != ScaleMode.NEAREST)
+    t = upscale_tables(n.ne, a.ne, bool(bilinear), bool(n.params["align_corners"]))
     c = np.ascontiguousarray
-    _run("upscale", arr(a), arr(n), c(i3, np.int64), c(i2, np.int64), c(y0, np.int64), c(y1, np.int64),
-         c(dy, np.float64), c(x0, np.int64), c(x1, np.int64), c(dx, np.float64), bilinear)
+    _run("upscale", arr(a), arr(n), c(t.i3, np.int64), c(t.i2, np.int64), c(t.y0, np.int64), c(t.y1, np.int64),
+         c(t.dy, np.float64), c(t.x0, np.int64), c(t.x1, np.int64), c(t.dx, np.float64), bilinear)

@@ -12,6 +12,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.optable_conv import PoolOp, ScaleMode
+from prism_core.semantics import upscale_tables
 
 from .kernels import kernel, store, val
 
@@ -193,35 +194,11 @@ def _pool_2d_back(n: Tensor) -> None:
 @kernel("UPSCALE")
 def _upscale(n: Tensor) -> None:
     a = n.src[0]
-    x = val(a)
-    f32 = np.float32
-    sf = [f32(n.ne[i]) / f32(a.ne[i]) for i in range(4)]
-
-    def nearest(i: int) -> np.ndarray:  # int64(i / sf) in float32, as ggml
-        idx = np.floor(np.arange(n.ne[i], dtype=f32) / sf[i]).astype(np.int64)
-        return np.minimum(idx, a.ne[i] - 1)
-
-    i3, i2 = nearest(3), nearest(2)
-    x = x[i3][:, i2]
-    if n.params["mode"] == ScaleMode.NEAREST:
-        store(n, x[:, :, nearest(1)][..., nearest(0)])
+    bilinear = n.params["mode"] != ScaleMode.NEAREST
+    t = upscale_tables(n.ne, a.ne, bilinear, bool(n.params["align_corners"]))
+    x = val(a)[t.i3][:, t.i2]
+    if not bilinear:
+        store(n, x[:, :, t.y0][..., t.x0])
         return
-    off = f32(0.5)
-    if n.params["align_corners"]:
-        off = f32(0.0)
-        for i in (0, 1):
-            if n.ne[i] > 1 and a.ne[i] > 1:
-                sf[i] = f32(n.ne[i] - 1) / f32(a.ne[i] - 1)
-
-    def lerp_axis(i: int):
-        pos = (np.arange(n.ne[i], dtype=f32) + off) / sf[i] - off
-        lo = np.floor(pos).astype(np.int64)
-        hi = lo + 1
-        lo, hi = np.clip(lo, 0, a.ne[i] - 1), np.clip(hi, 0, a.ne[i] - 1)
-        frac = np.clip(pos - lo.astype(f32), f32(0), f32(1)).astype(np.float64)
-        return lo, hi, frac
-
-    y0, y1, dy = lerp_axis(1)
-    x0, x1, dx = lerp_axis(0)
-    top = x[:, :, y0] * (1 - dy)[:, None] + x[:, :, y1] * dy[:, None]
-    store(n, top[..., x0] * (1 - dx) + top[..., x1] * dx)
+    top = x[:, :, t.y0] * (1 - t.dy)[:, None] + x[:, :, t.y1] * t.dy[:, None]
+    store(n, top[..., t.x0] * (1 - t.dx) + top[..., t.x1] * t.dx)
