@@ -38,7 +38,7 @@ ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 ISA_NAMES = ("scalar", "avx2", "avx512")
-ABI_VERSION = 2  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+ABI_VERSION = 3  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
