@@ -338,9 +338,136 @@ QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant_row)
 #else
 #define Q_VNNI 0
 #endif
+#define QBIAS_PAD (Q_VNNI ? 0x80 : 0) /* a zero weight as stored */
+
+/* Vectorised decoders of the formats the benchmarks and the Gemma 3 models use (Q4_0, Q5_0, Q8_0,
+   Q4_K, Q6_K): whole rows with 32-byte vector operations, the VNNI bias folded in. Results are the
+   same int8 values and scales as q_decode's. */
+#define QV CAT(qv, SFX)
+#define QVF CAT(qvf, SFX)
+typedef uint8_t QV __attribute__((vector_size(32)));
+typedef float QVF __attribute__((vector_size(32)));
+#define QBIAS (Q_VNNI ? 128 : 0)
+
+#define QV16 CAT(qv16, SFX)
+typedef uint8_t QV16 __attribute__((vector_size(16)));
+#define QV_LOAD(v, p) memcpy(&(v), (p), sizeof(v))
+#define QV_STORE(p, v) memcpy((p), &(v), sizeof(v))
+
+static inline void FN(qv_scale8)(float *ls, float d) { /* 8 lanes of 4 elements: one 32-element sub-block */
+    const QVF v = (QVF){0} + d;
+    memcpy(ls, &v, 32);
+}
+
+/* a 32-element block from 16 bytes of nibbles (element j: low nibble of byte j, j + 16: high), the
+   fifth bits of qh (bit j: element j) when five, plus the bias */
+static inline void FN(qv_nibbles)(int8_t *q, const uint8_t *qs, int five, uint32_t qh, uint8_t bias) {
+    QV16 v, lo, hi;
+    QV_LOAD(v, qs);
+    lo = (v & 15) + bias;
+    hi = (v >> 4) + bias;
+    if (five) {
+        const QV16 sel = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+        const QV16 idx = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+        QV16 bytes = {0};
+        bytes[0] = (uint8_t)qh;
+        bytes[1] = (uint8_t)(qh >> 8);
+        bytes[2] = (uint8_t)(qh >> 16);
+        bytes[3] = (uint8_t)(qh >> 24);
+        const QV16 b0 = __builtin_shuffle(bytes, idx), b1 = __builtin_shuffle(bytes, idx + 2);
+        lo += (QV16)((b0 & sel) != 0) & 16;
+        hi += (QV16)((b1 & sel) != 0) & 16;
+    }
+    QV_STORE(q, lo);
+    QV_STORE(q + 16, hi);
+}
+
+QATTR static int FN(q_wrow_fill_fast)(int t, const uint8_t *src, int64_t K, q_wrow *w) {
+    switch (t) {
+    case Q_Q4_0: case Q_Q5_0: case Q_Q8_0: {
+        const int bb = q_block_bytes(t);
+        for (int64_t ib = 0; ib < K / 32; ib++) {
+            const uint8_t *b = src + ib * bb;
+            if (t == Q_Q8_0) {
+                QV q;
+                QV_LOAD(q, b + 2);
+                q += (uint8_t)QBIAS;
+                QV_STORE(w->q + 32 * ib, q);
+            } else if (t == Q_Q4_0) {
+                FN(qv_nibbles)(w->q + 32 * ib, b + 2, 0, 0, (uint8_t)(QBIAS - 8));
+            } else {
+                uint32_t qh;
+                memcpy(&qh, b + 2, 4);
+                FN(qv_nibbles)(w->q + 32 * ib, b + 6, 1, qh, (uint8_t)(QBIAS - 16));
+            }
+            FN(qv_scale8)(w->ls + 8 * ib, q_f16(b));
+        }
+        w->has_off = 0;
+        return 1;
+    }
+    case Q_Q4_K:
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = src + ib * 144;
+            const float d = q_f16(b), dmin = q_f16(b + 2);
+            for (int c = 0; c < 4; c++) {
+                QV v, lo, hi;
+                QV_LOAD(v, b + 16 + 32 * c);
+                lo = (v & 15) + (uint8_t)QBIAS;
+                hi = (v >> 4) + (uint8_t)QBIAS;
+                QV_STORE(w->q + 256 * ib + 64 * c, lo);
+                QV_STORE(w->q + 256 * ib + 64 * c + 32, hi);
+            }
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q_k_scale_min(b + 4, j, &sc, &m);
+                FN(qv_scale8)(w->ls + 64 * ib + 8 * j, d * (float)sc);
+                w->off[16 * ib + 2 * j] = w->off[16 * ib + 2 * j + 1] = -(dmin * (float)m);
+            }
+        }
+        w->has_off = 1;
+        return 1;
+    case Q_Q6_K:
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = src + ib * 210;
+            const float d = q_f16(b + 208);
+            const int8_t *s = (const int8_t *)(b + 192);
+            for (int h = 0; h < 2; h++) {
+                QV l0, l1, hh, e0, e1, e2, e3;
+                QV_LOAD(l0, b + 64 * h);
+                QV_LOAD(l1, b + 64 * h + 32);
+                QV_LOAD(hh, b + 128 + 32 * h);
+                int8_t *o = w->q + 256 * ib + 128 * h;
+                const uint8_t bias = (uint8_t)(QBIAS - 32);
+                e0 = ((l0 & 15) | ((hh & 3) << 4)) + bias;
+                e1 = ((l1 & 15) | (((hh >> 2) & 3) << 4)) + bias;
+                e2 = ((l0 >> 4) | (((hh >> 4) & 3) << 4)) + bias;
+                e3 = ((l1 >> 4) | (((hh >> 6) & 3) << 4)) + bias;
+                QV_STORE(o, e0);
+                QV_STORE(o + 32, e1);
+                QV_STORE(o + 64, e2);
+                QV_STORE(o + 96, e3);
+            }
+            for (int g = 0; g < 16; g++) {
+                float *ls = w->ls + 64 * ib + 4 * g;
+                ls[0] = ls[1] = ls[2] = ls[3] = d * (float)s[g];
+            }
+        }
+        w->has_off = 0;
+        return 1;
+    default: return 0;
+    }
+}
+#undef QBIAS
 
 /* a weight row (K elements of type t) into its decoded form; the padding is zero */
 QATTR static void FN(q_wrow_fill)(int t, const uint8_t *src, int64_t K, int64_t kp, q_wrow *w) {
+    if (FN(q_wrow_fill_fast)(t, src, K, w)) {
+        memset(w->q + K, QBIAS_PAD, (size_t)(kp - K));
+        for (int64_t l = K / 4; l < kp / 4; l++) w->ls[l] = 0.0f;
+        if (w->has_off)
+            for (int64_t g = K / 16; g < kp / 16; g++) w->off[g] = 0.0f;
+        return;
+    }
     const int be = q_block_elems(t), bb = q_block_bytes(t), ng = be / 16;
     float sc[16], mn[16];
     w->has_off = q_has_offset(t);
@@ -541,4 +668,10 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
     return 0;
 }
 #undef Q_VNNI
+#undef QBIAS_PAD
+#undef QV
+#undef QVF
+#undef QV16
+#undef QV_LOAD
+#undef QV_STORE
 #undef QATTR
