@@ -87,4 +87,11 @@ int csimd_q_dequantize(int t, const void *src, float *dst, int64_t n, int nth);
 int csimd_q_quantize(int t, int mode, const float *src, void *dst, int64_t n, int nth);
 int csimd_q_vec_dot(int wt, const void *w, int at, const void *a, int64_t k, int64_t rows, float *out);
 int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int at, int nth);
+int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,
+                       int at, int nth);
+int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth);
+int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth);
+int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth);
+int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth);
 #endif

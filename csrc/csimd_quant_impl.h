@@ -579,74 +579,169 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
     }
 }
 
-/* ------------------------------------------------------------ mul_mat */
+/* ------------------------------------------------------------ mul_mat, mul_mat_id */
 #define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
 
-/* d[m, n, i2, i3] = a[:, m, i2/r2, i3/r3] . b[:, n, i2, i3]; a quantized (type qa), b F32 rows quantized to `at` */
-QATTR static int FN(q_mul_mat)(int qa, int at, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d,
-                              int nth) {
-    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
-    const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3], kp = q_pad(K), nrows = N * B2 * B3;
-    const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
-    char *acts = (char *)csimd_alloc(ab * (size_t)nrows);
-    if (!acts) return -2;
+/* every row of b ([K, ne1, ne2, ne3] F32, any strides) quantized to `at` and decoded, row r = (n, i2, i3)
+   in order, into acts (q_arow_bytes(kp) each); 0 or -2 (out of memory) */
+QATTR static int FN(q_quant_acts)(int at, const csimd_tensor *b, int64_t kp, char *acts, int nth) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nrows = N * B2 * b->ne[3];
+    const size_t ab = q_arow_bytes(kp);
     int failed = 0;
-    const int64_t tiles_n = (N + QM_NC - 1) / QM_NC;
-    int64_t mi = M / (8 * (int64_t)nth);
-    mi = mi < 4 ? 4 : mi > 256 ? 256 : (mi + 3) / 4 * 4;
-    const int64_t tiles_m = (M + mi - 1) / mi, items = B2 * B3 * tiles_n * tiles_m;
     (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+#pragma omp parallel num_threads(nth) if (nth > 1 && nrows > 1) reduction(| : failed)
     {
         float *xrow = (float *)csimd_alloc((size_t)K * 4 + 64);
         uint8_t *tmp = (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320); /* Q8_K: 292 bytes per 256 */
-        char *wbuf = (char *)csimd_alloc(wb * 4);
-        if (!xrow || !tmp || !wbuf) failed = 1;
+        if (!xrow || !tmp) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < nrows; r++) {
             if (!xrow || !tmp) continue;
-            const int64_t n = r % N, i2 = (r / N) % B2, i3 = r / (N * B2);
-            const char *src = ELT(b, 0, n, i2, i3);
+            const char *src = ELT(b, 0, r % N, (r / N) % B2, r / (N * B2));
             const float *x = (const float *)src;
             if (b->nb[0] != 4) {
                 for (int64_t k = 0; k < K; k++) memcpy(xrow + k, src + k * b->nb[0], 4);
-                x = xrow;
-            } else if ((uintptr_t)src % 4) {
-                memcpy(xrow, src, (size_t)K * 4);
                 x = xrow;
             }
             q_arow ar;
             q_arow_at(&ar, acts + ab * (size_t)r, kp);
             FN(q_arow_fill_f32)(at, x, K, kp, &ar, tmp);
         }
+        free(xrow);
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}
+
+/* Groups of activation rows against one weight matrix each (mul_mat: one group per batch matrix,
+   mul_mat_id: one per expert). Group g: weight rows at gw[g] + m * wnb1 (m < M), activation rows
+   arow[goff[g] .. goff[g+1]) of acts, results out[j][m]. Threads take (group, tile of QM_NC activation
+   rows, range of weight rows) items; each weight row is decoded once per item. */
+QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, int64_t ngroups, const char *const *gw,
+                                   const int64_t *goff, const int64_t *arow, float *const *out, const char *acts,
+                                   int64_t kp, int nth) {
+    const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
+    int64_t ntiles = 0;
+    for (int64_t g = 0; g < ngroups; g++) ntiles += (goff[g + 1] - goff[g] + QM_NC - 1) / QM_NC;
+    if (ntiles == 0) return 0;
+    int64_t *tile = (int64_t *)malloc((size_t)ntiles * 2 * sizeof(int64_t)); /* (group, first row) */
+    if (!tile) return -2;
+    int64_t nt = 0;
+    for (int64_t g = 0; g < ngroups; g++)
+        for (int64_t j = goff[g]; j < goff[g + 1]; j += QM_NC) {
+            tile[2 * nt] = g;
+            tile[2 * nt + 1] = j;
+            nt++;
+        }
+    int64_t mi = M * ntiles / (8 * (int64_t)nth);
+    mi = mi < 4 ? 4 : mi > 256 ? 256 : (mi + 3) / 4 * 4;
+    if (mi > M) mi = (M + 3) / 4 * 4;
+    const int64_t tiles_m = (M + mi - 1) / mi, items = ntiles * tiles_m;
+    int failed = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1 && items > 1) reduction(| : failed)
+    {
+        char *wbuf = (char *)csimd_alloc(wb * 4);
+        if (!wbuf) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
-            if (!wbuf || failed) continue;
-            const int64_t tm = it % tiles_m, tn = (it / tiles_m) % tiles_n, bi = it / (tiles_m * tiles_n);
-            const int64_t i2 = bi % B2, i3 = bi / B2;
-            const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M, n0 = tn * QM_NC, n1 = n0 + QM_NC < N ? n0 + QM_NC : N;
+            if (!wbuf) continue;
+            const int64_t tm = it % tiles_m, ti = it / tiles_m, g = tile[2 * ti], j0 = tile[2 * ti + 1];
+            const int64_t j1 = j0 + QM_NC < goff[g + 1] ? j0 + QM_NC : goff[g + 1];
+            const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
             q_wrow w[4];
-            for (int j = 0; j < 4; j++) q_wrow_at(&w[j], wbuf + wb * (size_t)j, kp);
+            for (int r = 0; r < 4; r++) q_wrow_at(&w[r], wbuf + wb * (size_t)r, kp);
             for (int64_t m = m0; m < m1; m += 4) {
                 const int R = (int)(m1 - m < 4 ? m1 - m : 4);
-                for (int j = 0; j < R; j++)
-                    FN(q_wrow_fill)(qa, (const uint8_t *)ELT(a, 0, m + j, i2 / r2, i3 / r3), K, kp, &w[j]);
-                for (int64_t n = n0; n < n1; n++) {
+                for (int r = 0; r < R; r++) FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
+                for (int64_t j = j0; j < j1; j++) {
                     q_arow ar;
-                    q_arow_at(&ar, acts + ab * (size_t)((i3 * B2 + i2) * N + n), kp);
+                    q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
                     float o[4];
                     FN(q_dot)(w, R, &ar, kp, o);
-                    float *dp = (float *)(d->data + n * d->nb[1] + i2 * d->nb[2] + i3 * d->nb[3]) + m;
-                    for (int j = 0; j < R; j++) dp[j] = o[j];
+                    for (int r = 0; r < R; r++) out[j][m + r] = o[r];
                 }
             }
         }
-        free(xrow);
-        free(tmp);
         free(wbuf);
     }
-    free(acts);
+    free(tile);
     return failed ? -2 : 0;
+}
+
+/* d[m, n, i2, i3] = a[:, m, i2/r2, i3/r3] . b[:, n, i2, i3]; a quantized (type qa), b F32 rows quantized to `at` */
+QATTR static int FN(q_mul_mat)(int qa, int at, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d,
+                               int nth) {
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
+    const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3], kp = q_pad(K), nrows = N * B2 * B3, ng = B2 * B3;
+    char *acts = (char *)csimd_alloc(q_arow_bytes(kp) * (size_t)nrows);
+    const char **gw = (const char **)malloc((size_t)ng * sizeof(char *));
+    int64_t *goff = (int64_t *)malloc((size_t)(ng + 1) * sizeof(int64_t)), *arow = (int64_t *)malloc((size_t)nrows * 8);
+    float **out = (float **)malloc((size_t)nrows * sizeof(float *));
+    int rc = -2;
+    if (acts && gw && goff && arow && out) {
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t i2 = g % B2, i3 = g / B2;
+            gw[g] = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
+            goff[g] = g * N;
+            for (int64_t n = 0; n < N; n++) {
+                arow[g * N + n] = g * N + n;
+                out[g * N + n] = (float *)ELT(d, 0, n, i2, i3);
+            }
+        }
+        goff[ng] = nrows;
+        rc = FN(q_quant_acts)(at, b, kp, acts, nth);
+        if (rc == 0) rc = FN(q_gemm_groups)(qa, K, M, a->nb[1], ng, gw, goff, arow, out, acts, kp, nth);
+    }
+    free(acts);
+    free(gw);
+    free(goff);
+    free(arow);
+    free(out);
+    return rc;
+}
+
+/* MUL_MAT_ID: d[:, e, t] = w[:, :, ids[e, t]] . b[:, e mod b.ne[1], t]; ids validated by the caller. The
+   (slot, token) pairs are grouped by expert, so each expert's rows are decoded once per tile of its tokens. */
+QATTR static int FN(q_mul_mat_id)(int qa, int at, const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids,
+                                  const csimd_tensor *d, int nth) {
+    const int64_t K = w->ne[0], M = w->ne[1], E = w->ne[2], n_used = ids->ne[0], n_tok = ids->ne[1], nb1 = b->ne[1];
+    const int64_t kp = q_pad(K), npairs = n_used * n_tok;
+    char *acts = (char *)csimd_alloc(q_arow_bytes(kp) * (size_t)(nb1 * n_tok));
+    const char **gw = (const char **)malloc((size_t)E * sizeof(char *));
+    int64_t *goff = (int64_t *)calloc((size_t)(E + 1), sizeof(int64_t)), *arow = (int64_t *)malloc((size_t)npairs * 8);
+    int64_t *fill = (int64_t *)malloc((size_t)(E + 1) * sizeof(int64_t));
+    float **out = (float **)malloc((size_t)npairs * sizeof(float *));
+    int rc = -2;
+    if (acts && gw && goff && arow && out && fill) {
+        for (int64_t p = 0; p < npairs; p++) {
+            int32_t x;
+            memcpy(&x, ELT(ids, p % n_used, p / n_used, 0, 0), 4);
+            goff[x + 1]++;
+        }
+        for (int64_t x = 0; x < E; x++) {
+            goff[x + 1] += goff[x];
+            gw[x] = w->data + x * w->nb[2];
+        }
+        memcpy(fill, goff, (size_t)(E + 1) * sizeof(int64_t));
+        for (int64_t p = 0; p < npairs; p++) {
+            const int64_t e = p % n_used, t = p / n_used;
+            int32_t x;
+            memcpy(&x, ELT(ids, e, t, 0, 0), 4);
+            const int64_t j = fill[x]++;
+            arow[j] = t * nb1 + e % nb1;
+            out[j] = (float *)ELT(d, 0, e, t, 0);
+        }
+        rc = FN(q_quant_acts)(at, b, kp, acts, nth);
+        if (rc == 0) rc = FN(q_gemm_groups)(qa, K, M, w->nb[1], E, gw, goff, arow, out, acts, kp, nth);
+    }
+    free(acts);
+    free(gw);
+    free(goff);
+    free(arow);
+    free(fill);
+    free(out);
+    return rc;
 }
 
 /* raw dot products for tests: out[i] = w row i . a row i, both already in block form (a in `at`) */

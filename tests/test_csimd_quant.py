@@ -347,3 +347,137 @@ def test_mul_mat_refuses_bad_descriptors(cs):
     assert lib.csimd_q_mul_mat(wbad, bd, dd, int(GT.Q8_0), 1) == -1
     wpart = _desc(ffi, w, (16, 4, 1, 1), (18, 18, 72, 72), QBASE + int(GT.Q4_0))  # half a block
     assert lib.csimd_q_mul_mat(wpart, bd, dd, int(GT.Q8_0), 1) == -1
+
+
+def _qdesc(ffi, blocks: np.ndarray, t: GT, ne):
+    """A contiguous quantized tensor [ne0, ne1, ne2, ne3] over blocks."""
+    be, bb = _block(t)
+    row = ne[0] // be * bb
+    return _desc(ffi, blocks, ne, (bb, row, row * ne[1], row * ne[1] * ne[2]), QBASE + int(t))
+
+
+def _fdesc(ffi, arr: np.ndarray, typ: int = 0):
+    """An F32 (or I32 with typ=3) C-contiguous NumPy array of shape (ne3, ne2, ne1, ne0) as a descriptor."""
+    shape = (1,) * (4 - arr.ndim) + arr.shape
+    return _desc(ffi, arr, tuple(reversed(shape)), tuple(reversed(np.empty(shape, arr.dtype).strides)), typ)
+
+
+@pytest.mark.parametrize("t", (GT.Q4_0, GT.Q4_K, GT.Q6_K, GT.IQ2_XS), ids=lambda t: t.name)
+def test_mul_mat_id_against_float64(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 7)
+    K, M, E, n_used, n_tok, nb1 = 256, 6, 4, 2, 5, 2
+    w = random_blocks(t, E * M * K // _block(t)[0], rng)
+    b = rng.standard_normal((n_tok, nb1, K)).astype(np.float32)
+    ids = rng.integers(0, E, (n_tok, n_used)).astype(np.int32)
+    ids[0] = [3, 3]  # one expert twice for a token
+    d = np.full((n_tok, n_used, M), np.nan, dtype=np.float32)
+    rc = lib.csimd_q_mul_mat_id(_qdesc(ffi, w, t, (K, M, E, 1)), _fdesc(ffi, b), _fdesc(ffi, ids, 3), _fdesc(ffi, d),
+                                int(VEC_DOT[t]), 2)
+    assert rc == 0
+    at = VEC_DOT[t]
+    bq = dequant(c_quant(cs, b, at, 0), at).astype(np.float64).reshape(b.shape)
+    wf = dequant(w, t).astype(np.float64).reshape(E, M, K)
+    for tk in range(n_tok):
+        for e in range(n_used):
+            want = wf[ids[tk, e]] @ bq[tk, e % nb1]
+            scale = np.abs(wf[ids[tk, e]]) @ np.abs(bq[tk, e % nb1])
+            assert np.all(np.abs(d[tk, e] - want) <= 2e-6 * scale + 1e-30)
+    bad = ids.copy()
+    bad[1, 1] = E
+    assert lib.csimd_q_mul_mat_id(_qdesc(ffi, w, t, (K, M, E, 1)), _fdesc(ffi, b), _fdesc(ffi, bad, 3),
+                                  _fdesc(ffi, d), int(at), 1) == -1
+
+
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q5_K, GT.IQ3_S, GT.TQ1_0), ids=lambda t: t.name)
+def test_get_rows_dequantizes_chosen_rows(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 9)
+    K, R, B = 512, 7, 2
+    w = random_blocks(t, B * R * K // _block(t)[0], rng)
+    idx = np.array([[6, 0, 6], [1, 2, 5]], dtype=np.int32)  # per batch matrix, a repeat included
+    d = np.full((B, 3, K), np.nan, dtype=np.float32)
+    assert lib.csimd_q_get_rows(_qdesc(ffi, w, t, (K, R, B, 1)), _fdesc(ffi, idx, 3), _fdesc(ffi, d), 2) == 0
+    wf = dequant(w, t).reshape(B, R, K)
+    for j in range(B):
+        np.testing.assert_array_equal(d[j], wf[j][idx[j]])
+    idx[1, 2] = R
+    assert lib.csimd_q_get_rows(_qdesc(ffi, w, t, (K, R, B, 1)), _fdesc(ffi, idx, 3), _fdesc(ffi, d), 1) == 0
+    assert np.all(np.isfinite(d))  # an index out of range is skipped in C (Python range-checks first)
+
+
+@pytest.mark.parametrize("t", REF_QUANTIZERS + (GT.Q8_1, GT.Q8_K), ids=lambda t: t.name)
+def test_cpy_both_ways(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 11)
+    x = _rows(rng, 3 * 512).reshape(3, 512)
+    q = np.zeros((3 * 512 // _block(t)[0], _block(t)[1]), dtype=np.uint8)
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, t, (512, 3, 1, 1)), 1, 2) == 0
+    np.testing.assert_array_equal(q, c_quant(cs, x, t, 1))
+    # quantized [512, 3] -> F32 [256, 6]: the same elements in row-major order
+    y = np.full((6, 256), np.nan, dtype=np.float32)
+    assert lib.csimd_q_cpy(_qdesc(ffi, q, t, (512, 3, 1, 1)), _fdesc(ffi, y), 0, 2) == 0
+    np.testing.assert_array_equal(y.reshape(-1), dequant(q, t))
+    # a transposed F32 source: logical order, not memory order
+    xt = np.ascontiguousarray(x.T)  # memory (512, 3); view it as [3, 512]^T
+    src = _desc(ffi, xt, (512, 3, 1, 1), (12, 4, 4 * 1536, 4 * 1536), 0)
+    q2 = np.zeros_like(q)
+    assert lib.csimd_q_cpy(src, _qdesc(ffi, q2, t, (512, 3, 1, 1)), 1, 1) == 0
+    np.testing.assert_array_equal(q2, q)
+
+
+def test_cpy_refuses_types_without_quantizer(cs):
+    ffi, lib = cs
+    x = np.zeros((1, 256), dtype=np.float32)
+    q = np.zeros((1, 144), dtype=np.uint8)
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q4_K, (256, 1, 1, 1)), 1, 1) == -1
+
+
+@pytest.mark.parametrize("t", (GT.Q4_0, GT.Q8_0, GT.Q5_1), ids=lambda t: t.name)
+def test_set_rows_quantizes_into_rows(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 13)
+    K, R = 64, 5
+    dst = random_blocks(t, R * K // 32, rng)
+    before = dst.copy().reshape(R, -1)
+    b = rng.standard_normal((3, K)).astype(np.float32)
+    idx = np.array([4, 1, 4], dtype=np.int64)  # row 4 twice: the last one stays
+    assert lib.csimd_q_set_rows(_fdesc(ffi, b), _fdesc(ffi, idx, 4), _qdesc(ffi, dst, t, (K, R, 1, 1)), 1, 2) == 0
+    rows = dst.reshape(R, -1)
+    np.testing.assert_array_equal(rows[1], c_quant(cs, b[1], t, 1).reshape(-1))
+    np.testing.assert_array_equal(rows[4], c_quant(cs, b[2], t, 1).reshape(-1))
+    for r in (0, 2, 3):
+        np.testing.assert_array_equal(rows[r], before[r])
+    idx[0] = R
+    assert lib.csimd_q_set_rows(_fdesc(ffi, b), _fdesc(ffi, idx, 4), _qdesc(ffi, dst, t, (K, R, 1, 1)), 1, 1) == -1
+    np.testing.assert_array_equal(dst.reshape(R, -1)[4], c_quant(cs, b[2], t, 1).reshape(-1))  # nothing written
+
+
+@pytest.mark.parametrize("t", (GT.Q4_K, GT.Q8_0), ids=lambda t: t.name)
+def test_out_prod_dequantizes_a(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 15)
+    n0, K, n1 = 256, 5, 3  # a [n0, K], b [n1, K] -> d [n0, n1]
+    a = random_blocks(t, K * n0 // _block(t)[0], rng)
+    b = rng.standard_normal((K, n1)).astype(np.float32)
+    d = np.full((n1, n0), np.nan, dtype=np.float32)
+    assert lib.csimd_q_out_prod(_qdesc(ffi, a, t, (n0, K, 1, 1)), _fdesc(ffi, b), _fdesc(ffi, d), 2) == 0
+    af = dequant(a, t).astype(np.float64).reshape(K, n0)
+    want = b.astype(np.float64).T @ af
+    np.testing.assert_allclose(d, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("t", (GT.Q4_0, GT.Q8_0), ids=lambda t: t.name)
+def test_add_dequantizes_adds_requantizes(cs, isa, t):
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 17)
+    K, R = 64, 4
+    a = random_blocks(t, R * K // 32, rng)
+    b = rng.standard_normal((1, K)).astype(np.float32)  # broadcast over a's rows
+    s = (dequant(a, t).reshape(R, K) + b).astype(np.float32)
+    d = np.zeros_like(a)
+    assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, b), _qdesc(ffi, d, t, (K, R, 1, 1)), 1, 2) == 0
+    np.testing.assert_array_equal(d, c_quant(cs, s, t, 1))
+    f = np.full((R, K), np.nan, dtype=np.float32)
+    assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, b), _fdesc(ffi, f), 1, 1) == 0
+    np.testing.assert_array_equal(f, s)
