@@ -354,14 +354,25 @@ typedef uint8_t QV16 __attribute__((vector_size(16)));
 #define QV_LOAD(v, p) memcpy(&(v), (p), sizeof(v))
 #define QV_STORE(p, v) memcpy((p), &(v), sizeof(v))
 
-static inline void FN(qv_scale8)(float *ls, float d) { /* 8 lanes of 4 elements: one 32-element sub-block */
+/* fp16 -> f32 of a block's scale: F16C where the path has it (the software conversion is exact too) */
+QATTR static inline float FN(q_h2f)(const uint8_t *p) {
+#if ISA_LEVEL >= 1
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+#else
+    return q_f16(p);
+#endif
+}
+
+QATTR static inline void FN(qv_scale8)(float *ls, float d) { /* 8 lanes of 4 elements: one 32-element sub-block */
     const QVF v = (QVF){0} + d;
     memcpy(ls, &v, 32);
 }
 
 /* a 32-element block from 16 bytes of nibbles (element j: low nibble of byte j, j + 16: high), the
    fifth bits of qh (bit j: element j) when five, plus the bias */
-static inline void FN(qv_nibbles)(int8_t *q, const uint8_t *qs, int five, uint32_t qh, uint8_t bias) {
+QATTR static inline void FN(qv_nibbles)(int8_t *q, const uint8_t *qs, int five, uint32_t qh, uint8_t bias) {
     QV16 v, lo, hi;
     QV_LOAD(v, qs);
     lo = (v & 15) + bias;
@@ -400,7 +411,7 @@ QATTR static int FN(q_wrow_fill_fast)(int t, const uint8_t *src, int64_t K, q_wr
                 memcpy(&qh, b + 2, 4);
                 FN(qv_nibbles)(w->q + 32 * ib, b + 6, 1, qh, (uint8_t)(QBIAS - 16));
             }
-            FN(qv_scale8)(w->ls + 8 * ib, q_f16(b));
+            FN(qv_scale8)(w->ls + 8 * ib, FN(q_h2f)(b));
         }
         w->has_off = 0;
         return 1;
@@ -408,7 +419,7 @@ QATTR static int FN(q_wrow_fill_fast)(int t, const uint8_t *src, int64_t K, q_wr
     case Q_Q4_K:
         for (int64_t ib = 0; ib < K / 256; ib++) {
             const uint8_t *b = src + ib * 144;
-            const float d = q_f16(b), dmin = q_f16(b + 2);
+            const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
             for (int c = 0; c < 4; c++) {
                 QV v, lo, hi;
                 QV_LOAD(v, b + 16 + 32 * c);
@@ -429,7 +440,7 @@ QATTR static int FN(q_wrow_fill_fast)(int t, const uint8_t *src, int64_t K, q_wr
     case Q_Q6_K:
         for (int64_t ib = 0; ib < K / 256; ib++) {
             const uint8_t *b = src + ib * 210;
-            const float d = q_f16(b + 208);
+            const float d = FN(q_h2f)(b + 208);
             const int8_t *s = (const int8_t *)(b + 192);
             for (int h = 0; h < 2; h++) {
                 QV l0, l1, hh, e0, e1, e2, e3;
