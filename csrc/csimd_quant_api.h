@@ -177,14 +177,14 @@ static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
 
 /* CPY/DUP/CONT with a quantized side, elements in row-major order as ggml: quantized -> F32/F16/BF16
    dequantizes, F32/F16/BF16 -> quantized quantizes each destination row (mode: as csimd_q_quantize),
-   the same quantized type with the same row length copies rows */
+   the same quantized type copies the blocks (in row-major order, rows of any whole-block length) */
 int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_type_of(a), qd = q_type_of(d);
     if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d) || (qa < 0 && qd < 0) || mode < 0 || mode > 1) return -1;
     if (qa >= 0 && !q_view_ok(a, qa)) return -1;
-    if (qd >= 0 && (!q_view_ok(d, qd) || !q_has_quantizer(qd))) return -1;
+    if (qd >= 0 && (!q_view_ok(d, qd) || (qa < 0 && !q_has_quantizer(qd)))) return -1;
     if ((qa < 0 && !is_float(a->type)) || (qd < 0 && !is_float(d->type))) return -1;
-    if (qa >= 0 && qd >= 0 && (qa != qd || a->ne[0] != d->ne[0])) return -1;
+    if (qa >= 0 && qd >= 0 && qa != qd) return -1;
     const csimd_tensor *rows = qd >= 0 ? d : a; /* the quantized side sets the rows */
     const int64_t n0 = rows->ne[0], nr = nrows_of(rows);
     int failed = 0;
@@ -199,8 +199,14 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
             if (!tmp) continue;
             int64_t i1, i2, i3;
             unravel_row(rows, ir, &i1, &i2, &i3);
-            if (qa >= 0 && qd >= 0) {
-                memcpy(ELT(d, 0, i1, i2, i3), ELT(a, 0, i1, i2, i3), (size_t)(n0 / q_block_elems(qa) * q_block_bytes(qa)));
+            if (qa >= 0 && qd >= 0) { /* the blocks in row-major order (a CONT may change the row length) */
+                const int64_t be = q_block_elems(qa), bb = q_block_bytes(qa), bd = n0 / be, ba = a->ne[0] / be;
+                for (int64_t jb = 0; jb < bd; jb++) {
+                    const int64_t L = ir * bd + jb, ra = L / ba;
+                    int64_t j1, j2, j3;
+                    unravel_row(a, ra, &j1, &j2, &j3);
+                    memcpy(ELT(d, 0, i1, i2, i3) + jb * bb, ELT(a, 0, j1, j2, j3) + (L % ba) * bb, (size_t)bb);
+                }
             } else if (qa >= 0) {
                 q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
                 for (int64_t e = 0; e < n0; e++) store_f32(q_elt_linear(d, ir * n0 + e), d->type, tmp[e]);

@@ -5,7 +5,8 @@
    gguf.quants' dequantizers do, so dequantize() is exact). The product of a weight row with an
    activation row quantized to Q8_0/Q8_1/Q8_K is then sum over 4-element lanes of (int dot of the
    lane) * wscale * ascale + sum over groups of offset * ascale * (sum of the group's activations):
-   one integer kernel for every format (AVX-512 VNNI, AVX2 maddubs/madd, scalar). Weight rows are
+   one integer kernel for every format (AVX-512 VNNI, AVX2 maddubs/madd, scalar). The group sums
+   paired with the offsets are those of the F32 activations (ggml: of the quantized ones). Weight rows are
    decoded once per tile of activation rows (QM_NC rows) and reused for all of them. */
 #include "csimd_quant.h"
 
@@ -30,7 +31,8 @@ typedef struct {
 } q_wrow;
 
 /* an activation row: q[Kp], scale per lane of 4, -128 * (sum of the lane) (VNNI's bias removed),
-   scale * (sum of each group of 16) (the offsets' partner) */
+   the sum of each group of 16 (the offsets' partner: of the F32 values when quantized from F32,
+   else scale * the quantized sum) */
 typedef struct {
     int8_t *q;
     float *ls;
@@ -528,6 +530,14 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
     const int be = q_block_elems(at), bb = q_block_bytes(at);
     for (int64_t ib = 0; ib < K / be; ib++) q_quantize_block(at, 0, x + ib * be, tmp + ib * bb);
     FN(q_arow_fill_blocks)(at, tmp, K, kp, a);
+    /* The offsets' partner from the unrounded activations: ggml uses the sums of the quantized ones
+       (Q8_1's s, Q8_K's bsums); the exact sums cost nothing here and keep a large offset (a big
+       dmin * min) from amplifying the activations' rounding. */
+    for (int64_t g = 0; g < K / 16; g++) {
+        double s = 0.0;
+        for (int j = 0; j < 16; j++) s += (double)x[16 * g + j];
+        a->gsum[g] = (float)s;
+    }
 }
 
 /* ------------------------------------------------------------ integer dot products */
