@@ -6,7 +6,9 @@
    activation row quantized to Q8_0/Q8_1/Q8_K is then sum over 4-element lanes of (int dot of the
    lane) * wscale * ascale + sum over groups of offset * ascale * (sum of the group's activations):
    one integer kernel for every format (AVX-512 VNNI, AVX2 maddubs/madd, scalar). The group sums
-   paired with the offsets are those of the F32 activations (ggml: of the quantized ones). Weight rows are
+   paired with the offsets are those of the quantized activations, as ggml's (Q8_1's s, Q8_K's bsums):
+   the scale part and the offset then see the same rounded activations, whose errors partly cancel
+   (scale*q and the offset of Q4_K, say, are both larger than their sum). Weight rows are
    decoded once per tile of activation rows (QM_NC rows) and reused for all of them. */
 #include "csimd_quant.h"
 
@@ -31,8 +33,7 @@ typedef struct {
 } q_wrow;
 
 /* an activation row: q[Kp], scale per lane of 4, -128 * (sum of the lane) (VNNI's bias removed),
-   the sum of each group of 16 (the offsets' partner: of the F32 values when quantized from F32,
-   else scale * the quantized sum) */
+   scale * (sum of each group of 16) (the offsets' partner) */
 typedef struct {
     int8_t *q;
     float *ls;
@@ -501,6 +502,29 @@ QATTR static void FN(q_wrow_fill)(int t, const uint8_t *src, int64_t K, int64_t 
 #endif
 }
 
+/* dequantize (as q_dequant_row, the same floats) through the vectorised decoders where a format has one:
+   256 elements at a time decoded to int8 and lane scales, then converted */
+QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int t, const uint8_t *src, float *dst,
+                                                                          int64_t n) {
+    if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0 && t != Q_Q4_K && t != Q_Q6_K) {
+        FN(q_dequant_row)(t, src, dst, n);
+        return;
+    }
+    const int64_t be = q_block_elems(t), bb = q_block_bytes(t), per = 256 / be;
+    int8_t q[256] __attribute__((aligned(64)));
+    float ls[64] __attribute__((aligned(64))), off[16];
+    q_wrow w = {q, ls, off, 0};
+    for (int64_t c = 0; c < n / 256; c++) {
+        FN(q_wrow_fill_fast)(t, src + c * per * bb, 256, &w);
+        float *y = dst + 256 * c;
+        for (int i = 0; i < 256; i++) y[i] = ls[i >> 2] * (float)(int8_t)((uint8_t)q[i] ^ (uint8_t)QBIAS_PAD);
+        if (w.has_off)
+            for (int i = 0; i < 256; i++) y[i] = y[i] + off[i >> 4];
+    }
+    const int64_t done = n / 256 * 256;
+    if (done < n) FN(q_dequant_row)(t, src + done / be * bb, dst + done, n - done);
+}
+
 /* an activation row already in an activation format (Q8_0/Q8_1/Q8_K blocks) into its decoded form */
 QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, int64_t kp, q_arow *a) {
     const int be = q_block_elems(at), bb = q_block_bytes(at);
@@ -530,14 +554,6 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
     const int be = q_block_elems(at), bb = q_block_bytes(at);
     for (int64_t ib = 0; ib < K / be; ib++) q_quantize_block(at, 0, x + ib * be, tmp + ib * bb);
     FN(q_arow_fill_blocks)(at, tmp, K, kp, a);
-    /* The offsets' partner from the unrounded activations: ggml uses the sums of the quantized ones
-       (Q8_1's s, Q8_K's bsums); the exact sums cost nothing here and keep a large offset (a big
-       dmin * min) from amplifying the activations' rounding. */
-    for (int64_t g = 0; g < K / 16; g++) {
-        double s = 0.0;
-        for (int j = 0; j < 16; j++) s += (double)x[16 * g + j];
-        a->gsum[g] = (float)s;
-    }
 }
 
 /* ------------------------------------------------------------ integer dot products */
@@ -592,11 +608,14 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
         out[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 #endif
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) { /* the offsets: vectors of groups (kp / 16 is a multiple of 4) */
         if (!w[r].has_off) continue;
-        float s = 0.0f;
-        for (int64_t g = 0; g < kp / 16; g++) s += w[r].off[g] * a->gsum[g];
-        out[r] += s;
+        VF s = (VF){0};
+        int64_t g = 0;
+        for (; g + VL <= kp / 16; g += VL) s += *(const VFU *)(w[r].off + g) * *(const VFU *)(a->gsum + g);
+        float t = FN(hsum)(s);
+        for (; g < kp / 16; g++) t += w[r].off[g] * a->gsum[g];
+        out[r] += t;
     }
 }
 
