@@ -619,6 +619,85 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
     }
 }
 
+/* ------------------------------------------------------------ fused matrix-vector dot products
+   For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
+   costs more than the dot itself: Q4_0, Q5_0 and Q8_0 rows are then read straight from their blocks,
+   each block unpacked in registers into the very bytes q_wrow_fill would store (so the results are
+   the same). 0: not handled here (the caller decodes). */
+#if ISA_LEVEL >= 1
+/* 32 weights of one block as signed bytes (q - bias of the format) */
+QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    if (t == Q_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + (t == Q_Q5_0 ? 6 : 2)));
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    if (t == Q_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0101010101010101LL, 0x0000000000000000LL));
+    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(_mm256_or_si256(q, hb), _mm256_set1_epi8(16));
+}
+#endif
+
+QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+#if ISA_LEVEL == 2
+    if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
+    const int64_t bb = q_block_bytes(t);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 64) {
+        const __m512i av = _mm512_loadu_si512((const void *)(a->q + k));
+        const __m512i nb = _mm512_loadu_si512((const void *)(a->nbias + k / 4));
+        const __m512 as = _mm512_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b0 = wr[r] + (k / 32) * bb, *b1 = b0 + bb;
+            const __m512i wv = _mm512_xor_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(FN(q_block_s8)(t, b0)), FN(q_block_s8)(t, b1), 1), bias);
+            const __m512i s = _mm512_dpbusd_epi32(nb, wv, av);
+            const __m512 ws = _mm512_insertf32x8(_mm512_set1_ps(FN(q_h2f)(b0)), _mm256_set1_ps(FN(q_h2f)(b1)), 1);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, as), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    return 1;
+#elif ISA_LEVEL == 1
+    if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) return 0;
+    const int64_t bb = q_block_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 32) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + (k / 32) * bb;
+            const __m256i wv = FN(q_block_s8)(t, b);
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), as);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    }
+    return 1;
+#else
+    (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
+    return 0;
+#endif
+}
+
+#define QM_DIRECT 1 /* activation rows per tile up to which weights are read straight from their blocks (2 measured slower) */
+
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
 #define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
 
@@ -693,6 +772,19 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
             for (int r = 0; r < 4; r++) q_wrow_at(&w[r], wbuf + wb * (size_t)r, kp);
             for (int64_t m = m0; m < m1; m += 4) {
                 const int R = (int)(m1 - m < 4 ? m1 - m : 4);
+                if (j1 - j0 <= QM_DIRECT) {
+                    const uint8_t *wr[4];
+                    for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
+                    int done = 1;
+                    for (int64_t j = j0; j < j1 && done; j++) {
+                        q_arow ar;
+                        q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
+                        float o[4];
+                        done = FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+                        for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
+                    }
+                    if (done) continue;
+                }
                 for (int r = 0; r < R; r++) FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
                 for (int64_t j = j0; j < j1; j++) {
                     q_arow ar;
@@ -804,6 +896,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 }
 #undef Q_VNNI
 #undef QBIAS_PAD
+#undef QM_DIRECT
 #undef QV
 #undef QVF
 #undef QV16
