@@ -621,7 +621,7 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
 
 /* ------------------------------------------------------------ fused matrix-vector dot products
    For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
-   costs more than the dot itself: Q4_0, Q5_0 and Q8_0 rows are then read straight from their blocks,
+   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows are then read straight from their blocks,
    each block unpacked in registers into the very bytes q_wrow_fill would store (so the results are
    the same). 0: not handled here (the caller decodes). */
 #if ISA_LEVEL >= 1
@@ -643,7 +643,101 @@ QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
 }
 #endif
 
+/* Q4_K and Q6_K rows straight from their super-blocks (the same bytes and scales as q_wrow_fill) */
+QATTR static int FN(q_dot_direct_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+#if ISA_LEVEL >= 1
+    if (t != Q_Q4_K && t != Q_Q6_K) return 0;
+    const int64_t bb = q_block_bytes(t);
+    for (int r = 0; r < R; r++) {
+#if ISA_LEVEL == 2
+        __m512 acc = _mm512_setzero_ps();
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#else
+        __m256 acc = _mm256_setzero_ps();
+        const __m256i ones = _mm256_set1_epi16(1);
+#endif
+        float offs = 0.0f;
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = wr[r] + ib * bb;
+            const int64_t k0 = 256 * ib;
+            __m256i e[8]; /* 32 signed weights per sub-block of 32 (Q4_K: 0..15, Q6_K: -32..31) */
+            float sc[16]; /* scale per group of 16 */
+            if (t == Q_Q4_K) {
+                const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
+                const __m256i m4 = _mm256_set1_epi8(15);
+                for (int c = 0; c < 4; c++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                    e[2 * c] = _mm256_and_si256(v, m4);
+                    e[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+                for (int j = 0; j < 8; j++) {
+                    int scj, mj;
+                    q_k_scale_min(b + 4, j, &scj, &mj);
+                    sc[2 * j] = sc[2 * j + 1] = d * (float)scj;
+                    const float off = -(dmin * (float)mj);
+                    offs += off * a->gsum[k0 / 16 + 2 * j] + off * a->gsum[k0 / 16 + 2 * j + 1];
+                }
+            } else {
+                const float d = FN(q_h2f)(b + 208);
+                const int8_t *s6 = (const int8_t *)(b + 192);
+                const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                    const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                    e[4 * h] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4)), m32);
+                    e[4 * h + 1] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4)), m32);
+                    e[4 * h + 2] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4)), m32);
+                    e[4 * h + 3] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4)), m32);
+                }
+                for (int g = 0; g < 16; g++) sc[g] = d * (float)s6[g];
+            }
+#if ISA_LEVEL == 2
+            for (int c = 0; c < 4; c++) { /* 64 weights: sub-blocks 2c, 2c+1 (groups 4c .. 4c+3) */
+                const int64_t k = k0 + 64 * c;
+                const __m512i wv = _mm512_xor_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(e[2 * c]), e[2 * c + 1], 1), bias);
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), wv,
+                                                      _mm512_loadu_si512((const void *)(a->q + k)));
+                const __m512 ws = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                                        _mm512_castps128_ps512(_mm_loadu_ps(sc + 4 * c)));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_loadu_ps(a->ls + k / 4)), acc);
+            }
+#else
+            for (int c = 0; c < 8; c++) { /* 32 weights: groups 2c, 2c+1 */
+                const int64_t k = k0 + 32 * c;
+                const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+                const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(e[c], e[c]), _mm256_sign_epi8(av, e[c]));
+                const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1]), _mm_set1_ps(sc[2 * c]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
+                                      _mm256_mul_ps(ws, _mm256_loadu_ps(a->ls + k / 4)), acc);
+            }
+#endif
+        }
+#if ISA_LEVEL == 2
+        out[r] = _mm512_reduce_add_ps(acc) + offs;
+#else
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1))) + offs;
+#endif
+    }
+    return 1;
+#else
+    (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
+    return 0;
+#endif
+}
+
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+    if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_dot_direct_k)(t, wr, R, K, a, out);
 #if ISA_LEVEL == 2
     if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
     const int64_t bb = q_block_bytes(t);
