@@ -502,11 +502,52 @@ QATTR static void FN(q_wrow_fill)(int t, const uint8_t *src, int64_t K, int64_t 
 #endif
 }
 
-/* dequantize (as q_dequant_row, the same floats) through the vectorised decoders where a format has one:
-   256 elements at a time decoded to int8 and lane scales, then converted */
+/* dequantize (as q_dequant_row, the same floats): Q4_0, Q8_0 and Q4_K straight from their blocks, Q5_0 and
+   Q6_K through the vectorised decoders (256 elements at a time to int8 and lane scales, then converted) */
 QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int t, const uint8_t *src, float *dst,
                                                                           int64_t n) {
-    if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0 && t != Q_Q4_K && t != Q_Q6_K) {
+    if (t == Q_Q8_0) { /* straight: scale times the bytes */
+        for (int64_t ib = 0; ib < n / 32; ib++) {
+            const uint8_t *b = src + 34 * ib;
+            const float d = FN(q_h2f)(b);
+            const int8_t *qs = (const int8_t *)(b + 2);
+            for (int j = 0; j < 32; j++) dst[32 * ib + j] = d * (float)qs[j];
+        }
+        return;
+    }
+    if (t == Q_Q4_0) {
+        for (int64_t ib = 0; ib < n / 32; ib++) {
+            const uint8_t *b = src + 18 * ib;
+            const float d = FN(q_h2f)(b);
+            float *y = dst + 32 * ib;
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 15) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+        }
+        return;
+    }
+    if (t == Q_Q4_K) { /* straight: each sub-block of 32 its scale and offset */
+        for (int64_t ib = 0; ib < n / 256; ib++) {
+            const uint8_t *b = src + 144 * ib;
+            const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
+            for (int c = 0; c < 4; c++) {
+                int s0, m0, s1, m1;
+                q_k_scale_min(b + 4, 2 * c, &s0, &m0);
+                q_k_scale_min(b + 4, 2 * c + 1, &s1, &m1);
+                const float d0 = d * (float)s0, o0 = -(dmin * (float)m0), d1 = d * (float)s1, o1 = -(dmin * (float)m1);
+                const uint8_t *qs = b + 16 + 32 * c;
+                float *y = dst + 256 * ib + 64 * c;
+                for (int l = 0; l < 32; l++) {
+                    const float p0 = d0 * (float)(qs[l] & 15), p1 = d1 * (float)(qs[l] >> 4);
+                    y[l] = p0 + o0;
+                    y[l + 32] = p1 + o1;
+                }
+            }
+        }
+        return;
+    }
+    if (t != Q_Q5_0 && t != Q_Q6_K) {
         FN(q_dequant_row)(t, src, dst, n);
         return;
     }
@@ -517,9 +558,14 @@ QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int
     for (int64_t c = 0; c < n / 256; c++) {
         FN(q_wrow_fill_fast)(t, src + c * per * bb, 256, &w);
         float *y = dst + 256 * c;
-        for (int i = 0; i < 256; i++) y[i] = ls[i >> 2] * (float)(int8_t)((uint8_t)q[i] ^ (uint8_t)QBIAS_PAD);
-        if (w.has_off)
-            for (int i = 0; i < 256; i++) y[i] = y[i] + off[i >> 4];
+        for (int g = 0; g < 16; g++) { /* one scale (and offset) per group of 16 */
+            const float sg = ls[4 * g], og = w.has_off ? off[g] : 0.0f;
+            float *yg = y + 16 * g;
+            const int8_t *qg = q + 16 * g;
+            for (int j = 0; j < 16; j++) yg[j] = sg * (float)(int8_t)((uint8_t)qg[j] ^ (uint8_t)QBIAS_PAD);
+            if (w.has_off)
+                for (int j = 0; j < 16; j++) yg[j] = yg[j] + og;
+        }
     }
     const int64_t done = n / 256 * 256;
     if (done < n) FN(q_dequant_row)(t, src + done / be * bb, dst + done, n - done);
