@@ -278,10 +278,26 @@ def _rms_norm_back(n: Tensor) -> None:
 
 
 # ---------------------------------------------------------------- matrices
+def val_rows(t: Tensor, lo: int, hi: int) -> np.ndarray:
+    """:func:`val` of rows ``lo:hi`` (dim 1) only: a large (quantized) weight is read a chunk at a time."""
+    if t.traits.is_quantized:
+        return to_f32(t.raw()[:, :, lo:hi], t.type).astype(np.float64)
+    h = t.host()[:, :, lo:hi]
+    return to_f32(h, t.type).astype(np.float64) if t.type != F64 else h.astype(np.float64)
+
+
+MUL_MAT_CHUNK = 1 << 22  # elements of a converted to float64 at a time (32 MiB)
+
+
 @kernel("MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
-    a, b = val(n.src[0]), val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
-    store(n, b @ np.swapaxes(repeat_blocks(a, b.shape[:2]), -1, -2))
+    a, b = n.src[0], val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
+    out = np.empty((*b.shape[:3], a.ne[1]))
+    rows = max(1, MUL_MAT_CHUNK // max(1, a.ne[0] * a.ne[2] * a.ne[3]))
+    for lo in range(0, a.ne[1], rows):
+        chunk = val_rows(a, lo, lo + rows)
+        out[..., lo:lo + rows] = b @ np.swapaxes(repeat_blocks(chunk, b.shape[:2]), -1, -2)
+    store(n, out)
 
 
 @kernel("OUT_PROD")
