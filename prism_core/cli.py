@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")
     d.set_defaults(func=cmd_demo)
+    from . import cli_run
+    cli_run.add_parser(sub)
     args = p.parse_args(argv)
     if getattr(args, "report", None):
         for fmt, _ in args.report:

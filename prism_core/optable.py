@@ -97,7 +97,7 @@ class OpDef:
 
 def describe_types(types: frozenset[GGMLType]) -> str:
     """Type names for docs and ``prism ops``: plain types listed, block types named by group."""
-    plain = sorted((traits(t).name for t in types if not traits(t).is_quantized))
+    plain = sorted(traits(t).name for t in types if not traits(t).is_quantized)
     blocks = frozenset(t for t in types if traits(t).is_quantized)
     group = {QUANTIZED: "every block type", QUANT_WRITABLE: "block types with a quantizer",
              QUANT_WEIGHTS: "block weight types"}.get(blocks)

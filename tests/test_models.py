@@ -94,7 +94,7 @@ def reference_logits(arch: str, meta, w: dict[str, np.ndarray], ids) -> np.ndarr
     x = w["token_embd.weight"][ids] * (math.sqrt(e) if arch == "gemma3" else 1.0)
     window = meta.get(f"{arch}.attention.sliding_window", 0)
     for il in range(meta[f"{arch}.block_count"]):
-        p = lambda name: w[f"blk.{il}.{name}"]  # noqa: E731
+        p = lambda name, il=il: w[f"blk.{il}.{name}"]  # noqa: E731
         local = arch == "gemma3" and il % 6 != 5
         h = _rms(x, p("attn_norm.weight"), eps)
         q, k, v = h @ p("attn_q.weight").T, h @ p("attn_k.weight").T, h @ p("attn_v.weight").T

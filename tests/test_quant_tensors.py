@@ -13,11 +13,11 @@ import gguf
 import numpy as np
 import pytest
 from gguf import quants as gq
+from helpers import refused, run
 
 import prism_core as pc
-from helpers import refused, run
 from prism_core.conformance import cases_for
-from prism_core.errors import InvalidArgument, ShapeMismatch, TypeMismatch, Unsupported
+from prism_core.errors import InvalidArgument, ShapeMismatch, TypeMismatch
 from prism_core.optable import OPS, QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.types import GGMLType as G
 from prism_core.types import traits

@@ -7,6 +7,7 @@ processed in batches of ``n_batch`` tokens. Weights stay as loaded (quantized, m
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,24 @@ class Token:
 
     id: int
     text: str
+
+
+@dataclass
+class Timings:
+    """Of the last :meth:`Model.generate`: prompt tokens and seconds, decoded tokens and seconds."""
+
+    n_prompt: int = 0
+    prompt_s: float = 0.0
+    n_decode: int = 0
+    decode_s: float = 0.0
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.n_prompt / self.prompt_s if self.prompt_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.n_decode / self.decode_s if self.decode_s else 0.0
 
 
 @dataclass
@@ -80,6 +99,7 @@ class Model:
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
         self.eog_ids = self._end_of_generation_ids()
+        self.timings = Timings()
         self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
 
     # ------------------------------------------------------------ graphs
@@ -185,7 +205,8 @@ class Model:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampler: Sampler | None = None) -> Iterator[Token]:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64,
+                 sampler: Sampler | None = None) -> Iterator[Token]:
         """Yield tokens as they are produced, from a fresh cache, until ``max_tokens`` or an
         end-of-generation token (not yielded)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
@@ -196,7 +217,10 @@ class Model:
             raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
                                 f"of {self.cache.n_ctx} tokens")
         self.cache.clear()
+        self.timings = t = Timings(n_prompt=len(ids))
+        start = time.perf_counter()
         logits = self.eval(ids)[-1]
+        t.prompt_s = time.perf_counter() - start
         history, out = list(ids), []
         text = ""
         for _ in range(max_tokens):
@@ -209,7 +233,10 @@ class Model:
             piece, text = (full[len(text):], full) if not full.endswith("\ufffd") else ("", text)
             yield Token(tok, piece)
             if len(out) < max_tokens:
+                start = time.perf_counter()
                 logits = self.eval([tok])[-1]
+                t.decode_s += time.perf_counter() - start
+                t.n_decode += 1
 
     def perplexity(self, text: str | Sequence[int]) -> float:
         """exp of the mean negative log-likelihood of each token given the ones before it."""
