@@ -32,7 +32,11 @@ Codec = Callable[[np.ndarray], np.ndarray]
 
 def _gguf_dequantizer(t: GGMLType) -> Codec:
     qt = gguf.GGMLQuantizationType[t.name]
-    return lambda blocks: gguf.quants.dequantize(blocks, qt)
+
+    def dequantize(blocks: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):  # inf scales (fp16 overflow) decode as in ggml
+            return gguf.quants.dequantize(blocks, qt)
+    return dequantize
 
 
 def _gguf_quantizer(t: GGMLType) -> Codec:
