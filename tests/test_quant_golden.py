@@ -50,8 +50,8 @@ def test_quantize_matches_ggml_reference_bytes(t):
 
 @pytest.mark.parametrize("t", GOLDEN_DEQUANT)
 def test_dequantize_matches_ggml_dequantize_row(t):
-    got = quant.dequantize(GOLDEN[f"q_{t}"], t)
     want = GOLDEN[f"dq_{t}"]
+    got = quant.dequantize(GOLDEN[f"q_{t}"][:len(want)], t)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
     assert same.all(), f"{t}: {np.count_nonzero(~same)} values differ"
 
@@ -75,7 +75,7 @@ def test_activation_and_reference_q8_0_really_differ_on_ties():
     ref, act = GOLDEN["q_q8_0"], GOLDEN["act_q8_0"]
     differing = {str(NAMES[i]) for i in np.nonzero((ref != act).any(axis=1))[0]}
     assert "ties_q8" in differing
-    assert differing <= {"ties_q8", "ties_q4", "ties_q5", "halves", "tiny", "small_ints", "pow2_edges"}
+    assert differing <= {"ties_q8", "ties_q4", "ties_q5", "halves", "tiny", "small_ints", "pow2_edges", "random"}
     assert (quant.quantize_activations(X, "q8_0") != quant.quantize(X, "q8_0")).any(axis=1).tolist() == \
         (ref != act).any(axis=1).tolist()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import gguf
 import numpy as np
 
 from ..errors import InvalidArgument, ShapeMismatch, TypeMismatch, Unsupported
@@ -31,21 +30,11 @@ Codec = Callable[[np.ndarray], np.ndarray]
 
 
 def _gguf_dequantizer(t: GGMLType) -> Codec:
-    qt = gguf.GGMLQuantizationType[t.name]
-
-    def dequantize(blocks: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", over="ignore"):  # inf scales (fp16 overflow) decode as in ggml
-            return gguf.quants.dequantize(blocks, qt)
-    return dequantize
+    return lambda blocks: legacy.gguf_dequantize(blocks, t.name)
 
 
 def _gguf_quantizer(t: GGMLType) -> Codec:
-    qt = gguf.GGMLQuantizationType[t.name]
-
-    def quantize(blocks: np.ndarray) -> np.ndarray:
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return gguf.quants.quantize(blocks, qt)
-    return quantize
+    return lambda blocks: legacy.gguf_quantize(blocks, t.name)
 
 
 _QUANTIZERS: dict[GGMLType, Codec] = {
@@ -127,12 +116,19 @@ def _float_rows(rows: np.ndarray, tr: TypeTraits, what: str) -> np.ndarray:
     return rows
 
 
+def _chunked(codec: Codec, blocks: np.ndarray, blck_size: int, out_width: int) -> np.ndarray:
+    """codec over (nb, ...) blocks, a bounded number at a time (the searches' temporaries
+    stay in cache); one chunk is returned as the codec made it, with no extra copy."""
+    if not len(blocks):
+        return np.empty((0, out_width), np.uint8 if blocks.dtype != np.uint8 else np.float32)
+    step = max(1, _CHUNK_ELEMENTS // blck_size)
+    if len(blocks) <= step:
+        return codec(blocks)
+    return np.concatenate([codec(blocks[i:i + step]) for i in range(0, len(blocks), step)])
+
+
 def _run(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
-    blocks = rows.reshape(-1, tr.blck_size)
-    out = np.empty((len(blocks), tr.type_size), np.uint8)
-    step = max(1, _CHUNK_ELEMENTS // tr.blck_size)
-    for i in range(0, len(blocks), step):
-        out[i:i + step] = codec(blocks[i:i + step])
+    out = _chunked(codec, rows.reshape(-1, tr.blck_size), tr.blck_size, tr.type_size)
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // tr.blck_size * tr.type_size)
 
 
@@ -156,11 +152,7 @@ def dequantize(blocks: np.ndarray, type: GGMLType | int | str) -> np.ndarray:
         n = "a scalar" if blocks.ndim == 0 else f"a last dim of {blocks.shape[-1]} bytes"
         raise ShapeMismatch(f"dequantizing {tr.name}: got {n}, not a multiple of its {tr.type_size}-byte block")
     blocks = np.ascontiguousarray(blocks)
-    flat = blocks.reshape(-1, tr.type_size)
-    out = np.empty((len(flat), tr.blck_size), np.float32)
-    step = max(1, _CHUNK_ELEMENTS // tr.blck_size)
-    for i in range(0, len(flat), step):
-        out[i:i + step] = _DEQUANTIZERS[tr.type](flat[i:i + step]).reshape(-1, tr.blck_size)
+    out = _chunked(_DEQUANTIZERS[tr.type], blocks.reshape(-1, tr.type_size), tr.blck_size, tr.blck_size)
     return out.reshape(*blocks.shape[:-1], blocks.shape[-1] // tr.type_size * tr.blck_size)
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .numerics import F32, GROUP_MAX_EPS, best_index_int8, fp16_bits, nearest_int, seq_sum, signed_absmax
+from .numerics import F32, GROUP_MAX_EPS, Int8Table, fp16_bits, nearest_int, select, seq_sum, signed_absmax
 
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
-_VALUES = KVALUES_IQ4NL.astype(F32)
+_TABLE = Int8Table(KVALUES_IQ4NL)
+_VALUES = _TABLE.f32
 # ggml leaves an all-zero IQ4_NL block's indices as whatever its scratch buffer held
 # (the previous block's, or uninitialised memory); its scale is 0, so any index
 # decodes to 0. Prism writes the index nearest 0, as ggml itself does for IQ4_XS.
-_ZERO_INDEX = int(best_index_int8(KVALUES_IQ4NL, np.array([0], F32))[0])
+_ZERO_INDEX = int(_TABLE.best_index(np.array([0], F32))[0][0])
 
 
 def _errstate():
@@ -33,20 +34,19 @@ def _scale_search(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.
     d = (-vmax if ntry > 0 else vmax) / _VALUES[0]
 
     def trial(iscale):
-        idx = best_index_int8(KVALUES_IQ4NL, iscale * x)
-        q = _VALUES[idx]
+        idx, q = _TABLE.best_index(iscale * x)
         wq = w * q
         return idx, seq_sum(wq * x), seq_sum(wq * q)
 
     L, sumqx, sumq2 = trial(F32(1) / d)
-    d = np.where(sumq2 > 0, sumqx / sumq2, F32(0))
+    d = select(sumq2 > 0, sumqx / sumq2, F32(0))
     best = d * sumqx
     for itry in range(-ntry, ntry + 1):
         _, sqx, sq2 = trial(F32(itry + int(KVALUES_IQ4NL[0])) / vmax)
         take = (sq2 > 0) & (sqx * sqx > best * sq2)
-        d = np.where(take, sqx / sq2, d)
-        best = np.where(take, d * sqx, best)
-    return L, np.where(zero, F32(0), d), zero
+        d = select(take, sqx / sq2, d)
+        best = select(take, d * sqx, best)
+    return L, select(zero, F32(0), d), zero
 
 
 def _pack_nibbles(L: np.ndarray) -> np.ndarray:
@@ -60,7 +60,7 @@ def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
     with _errstate():
         x = np.ascontiguousarray(blocks.T)
         L, d, zero = _scale_search(x, -1)
-    L = np.where(zero, _ZERO_INDEX, L).T
+    L = select(zero, _ZERO_INDEX, L).T
     return np.concatenate([fp16_bits(d).view(np.uint8).reshape(nb, 2), _pack_nibbles(L)], axis=1)
 
 
@@ -71,12 +71,12 @@ def quantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:
         _, scales, _ = _scale_search(x, 7)
         scales = scales.reshape(nb, 8)
         amax, max_scale = signed_absmax(scales.T)
-        d = -np.where(amax > 0, max_scale, F32(0)) / F32(32)  # ggml's scan starts from +0
-        inv = np.where(d != 0, F32(1) / d, F32(0))
+        d = -select(amax > 0, max_scale, F32(0)) / F32(32)  # ggml's scan starts from +0
+        inv = select(d != 0, F32(1) / d, F32(0))
         ls = np.clip(nearest_int(inv[:, None] * scales), -32, 31)
         dl = (d[:, None] * ls.astype(F32)).reshape(-1)
-        idl = np.where(dl != 0, F32(1) / dl, F32(0))
-        L = best_index_int8(KVALUES_IQ4NL, idl * x).T.reshape(nb, 256)
+        idl = select(dl != 0, F32(1) / dl, F32(0))
+        L = _TABLE.best_index(idl * x)[0].T.reshape(nb, 256)
     ls = (ls + 32).astype(np.uint16)
     scales_l = ((ls[:, 0::2] & 0xF) | ((ls[:, 1::2] & 0xF) << 4)).astype(np.uint8)
     scales_h = np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1).astype(np.uint16)

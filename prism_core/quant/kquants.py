@@ -16,8 +16,10 @@ from .numerics import (
     fp16_bits,
     fp16_value,
     nearest_int,
+    nearest_small,
     pack_2bit_128,
     positive_max,
+    select,
     seq_sum,
     signed_absmax,
 )
@@ -43,46 +45,63 @@ def _errstate():
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
                      use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml's ``make_qkx2_quants`` over columns: x, w ``(n, m)``; returns (L (n, m) int32,
-    scale (m,), the_min (m,)) for x ≈ scale·L − the_min, searching nstep+1 scales."""
+    scale (m,), the_min (m,)) for x ≈ scale·L − the_min, searching nstep+1 scales.
+    Candidates' quants are kept in float32; the winner's are rebuilt at the end from the
+    (iscale, min) that produced them."""
     mn, mx = x.min(0), x.max(0)
     sum_w = w[0].copy()
     sum_x = sum_w * x[0]
     for i in range(1, len(x)):
         sum_w += w[i]
         sum_x += w[i] * x[i]
-    mn = np.where(mn > 0, F32(0), mn)
+    mn = select(mn > 0, F32(0), mn)
     flat = mx == mn
     fnmax = F32(nmax)
 
+    def quants(iscale, m):
+        return np.clip(nearest_small(iscale * (x - m)), F32(0), fnmax)
+
     def cost(scale, lf, m):
-        d = scale * lf + m - x
-        return seq_sum(w * (np.abs(d) if use_mad else d * d))
+        d = scale * lf
+        d += m
+        d -= x
+        if use_mad:
+            np.abs(d, out=d)
+        else:
+            d *= d
+        d *= w
+        return seq_sum(d)
 
     iscale = fnmax / (mx - mn)
     scale = F32(1) / iscale
-    L = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
-    best = cost(scale, L.astype(F32), mn)
+    best = cost(scale, quants(iscale, mn), mn)
+    win_iscale, win_min = iscale, mn
     for step in range(nstep + 1):
         # ggml updates min whenever a candidate wins, and later candidates start from it
         iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (mx - mn)
-        la = np.clip(nearest_int(iscale * (x - mn)), 0, nmax)
-        lf = la.astype(F32)
+        lf = quants(iscale, mn)
         wl = w * lf
-        sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * lf), seq_sum(wl * x)
+        sum_l = seq_sum(wl)
+        wl *= lf
+        sum_l2 = seq_sum(wl)
+        np.multiply(w, lf, out=wl)
+        wl *= x
+        sum_xl = seq_sum(wl)
         D = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
         clamp = this_min > 0
-        this_min = np.where(clamp, F32(0), this_min)
-        this_scale = np.where(clamp, sum_xl / sum_l2, this_scale)
+        this_min = select(clamp, F32(0), this_min)
+        this_scale = select(clamp, sum_xl / sum_l2, this_scale)
         cur = cost(this_scale, lf, this_min)
         take = (D > 0) & (cur < best)
-        L = np.where(take, la, L)
-        best = np.where(take, cur, best)
-        scale = np.where(take, this_scale, scale)
-        mn = np.where(take, this_min, mn)
-    L = np.where(flat, 0, L)
-    scale = np.where(flat, F32(0), scale)
+        win_iscale, win_min = select(take, iscale, win_iscale), select(take, mn, win_min)
+        best = select(take, cur, best)
+        scale = select(take, this_scale, scale)
+        mn = select(take, this_min, mn)
+    L = np.clip(nearest_int(win_iscale * (x - win_min)), 0, nmax)
+    L = select(flat, 0, L)
+    scale = select(flat, F32(0), scale)
     return L, scale, -mn
 
 
@@ -96,22 +115,27 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
     fnmax = F32(nmax)
 
     def trial(iscale):
-        lv = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
-        lf = lv.astype(F32)
-        return lv, seq_sum(wx * lf), seq_sum(w * lf * lf)
+        lf = np.clip(nearest_small(iscale * x), -fnmax, fnmax - 1)
+        slx = seq_sum(wx * lf)
+        wl = w * lf
+        wl *= lf  # (w·l)·l, ggml's order
+        return slx, seq_sum(wl)
 
-    lv, sumlx, suml2 = trial(-fnmax / vmax)
-    scale = np.where(suml2 != 0, sumlx / suml2, F32(0))
+    win = -fnmax / vmax
+    sumlx, suml2 = trial(win)
+    scale = select(suml2 != 0, sumlx / suml2, F32(0))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
-        lt, slx, sl2 = trial(-(fnmax + F32(0.1) * F32(step)) / vmax)
+        iscale = -(fnmax + F32(0.1) * F32(step)) / vmax
+        slx, sl2 = trial(iscale)
         take = (sl2 > 0) & (slx * slx > best * sl2)
-        lv = np.where(take, lt, lv)
-        scale = np.where(take, slx / sl2, scale)
-        best = np.where(take, scale * slx, best)
-    return np.where(zero, 0, lv + nmax), np.where(zero, F32(0), scale)
+        win = select(take, iscale, win)
+        scale = select(take, slx / sl2, scale)
+        best = select(take, scale * slx, best)
+    lv = np.clip(nearest_int(win * x), -nmax, nmax - 1)
+    return select(zero, 0, lv + nmax), select(zero, F32(0), scale)
 
 
 def make_q3_quants_rmse(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,18 +160,18 @@ def make_q3_quants_rmse(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarra
             slx2 = slx + wx[i] * nf
             sl22 = sl2 + w[i] * nf * nf
             take = (slx > 0) & (new_l != L[i]) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-            L[i] = np.where(take, new_l, L[i])
-            sumlx = np.where(take, slx2, sumlx)
-            suml2 = np.where(take, sl22, suml2)
-    scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
-    return np.where(zero, 0, L + nmax), np.where(zero, F32(0), scale)
+            L[i] = select(take, new_l, L[i])
+            sumlx = select(take, slx2, sumlx)
+            suml2 = select(take, sl22, suml2)
+    scale = select(suml2 > 0, sumlx / suml2, F32(0))
+    return select(zero, 0, L + nmax), select(zero, F32(0), scale)
 
 
 def _requant(x: np.ndarray, L: np.ndarray, d: np.ndarray, dm: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Second pass of every K-quantizer: quants from the stored (fp16-rounded) scales,
     ``nearest_int((x + dm)/d)`` clamped; sub-blocks whose scale is 0 keep their first quants."""
     q = np.clip(nearest_int((x + dm) / d), lo, hi)
-    return np.where(d != 0, q, L)
+    return select(d != 0, q, L)
 
 
 # ------------------------------------------------------------------ Q2_K
@@ -161,11 +185,11 @@ def quantize_q2_K(blocks: np.ndarray) -> np.ndarray:
         max_scale, max_min = positive_max(scales, 1), positive_max(mins, 1)
         q4 = F32(15)
         has_s, has_m = max_scale > 0, max_min > 0
-        ls = np.where(has_s[:, None], nearest_int((q4 / max_scale)[:, None] * scales), 0)
-        lm = np.where(has_m[:, None], nearest_int((q4 / max_min)[:, None] * mins), 0)
+        ls = select(has_s[:, None], nearest_int((q4 / max_scale)[:, None] * scales), 0)
+        lm = select(has_m[:, None], nearest_int((q4 / max_min)[:, None] * mins), 0)
         sc = ((ls & 0xFF) | (lm << 4)) & 0xFF
-        d = fp16_bits(np.where(has_s, max_scale / q4, F32(0)))
-        dmin = fp16_bits(np.where(has_m, max_min / q4, F32(0)))
+        d = fp16_bits(select(has_s, max_scale / q4, F32(0)))
+        dmin = fp16_bits(select(has_m, max_min / q4, F32(0)))
         dl = (fp16_value(d)[:, None] * (sc & 0xF).astype(F32)).reshape(-1)
         ml = (fp16_value(dmin)[:, None] * (sc >> 4).astype(F32)).reshape(-1)
         L = _from_position(_requant(x, L, dl, ml, 0, 3), nb)
@@ -189,15 +213,15 @@ def quantize_q3_K(blocks: np.ndarray) -> np.ndarray:
         has = max_scale != 0
         iscale = F32(-32) / max_scale
         ls = ((nearest_int(iscale[:, None] * scales) + 128) & 0xFF) - 128  # ggml keeps it in an int8_t
-        ls = np.where(has[:, None], np.clip(ls, -32, 31) + 32, 0)
+        ls = select(has[:, None], np.clip(ls, -32, 31) + 32, 0)
         sc = np.zeros((nb, 12), np.uint8)
         sc[:, :8] = (ls[:, :8] & 0xF) | ((ls[:, 8:] & 0xF) << 4)
         hi = ls >> 4
         sc[:, 8:] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
-        d = fp16_bits(np.where(has, F32(1) / iscale, F32(0)))
-        dl = (fp16_value(d)[:, None] * np.where(has[:, None], ls - 32, 0).astype(F32)).reshape(-1)
+        d = fp16_bits(select(has, F32(1) / iscale, F32(0)))
+        dl = (fp16_value(d)[:, None] * select(has[:, None], ls - 32, 0).astype(F32)).reshape(-1)
         q = np.clip(nearest_int(x / dl), -4, 3) + 4
-        L = _from_position(np.where(dl != 0, q, L), nb)
+        L = _from_position(select(dl != 0, q, L), nb)
     out = np.empty((nb, 110), np.uint8)
     high = (L > 3).reshape(nb, 8, 32)
     out[:, :32] = np.bitwise_or.reduce(high.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
@@ -218,8 +242,8 @@ def _k4_scales(blocks: np.ndarray, nmax: int, rmin: float, nstep: int):
     L, scales, mins = make_qkx2_quants(x, av + np.abs(x), nmax, rmin, 0.1, nstep, False)
     scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
     max_scale, max_min = positive_max(scales, 1), positive_max(mins, 1)
-    inv_s = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-    inv_m = np.where(max_min > 0, F32(63) / max_min, F32(0))
+    inv_s = select(max_scale > 0, F32(63) / max_scale, F32(0))
+    inv_m = select(max_min > 0, F32(63) / max_min, F32(0))
     ls = np.minimum(nearest_int(inv_s[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(nearest_int(inv_m[:, None] * mins) & 0xFF, 63).astype(np.uint8)
     sc = np.empty((nb, 12), np.uint8)
@@ -267,13 +291,13 @@ def quantize_q6_K(blocks: np.ndarray) -> np.ndarray:
         amax, max_scale = signed_absmax(scales.T)
         zero = amax < GROUP_MAX_EPS
         iscale = F32(-128) / max_scale
-        d = fp16_bits(np.where(zero, F32(0), F32(1) / iscale))
+        d = fp16_bits(select(zero, F32(0), F32(1) / iscale))
         sc = np.minimum(127, nearest_int(iscale[:, None] * scales))
-        sc = np.where(zero[:, None], 0, sc).astype(np.int8)
+        sc = select(zero[:, None], 0, sc).astype(np.int8)
         dl = (fp16_value(d)[:, None] * sc.astype(F32)).reshape(-1)
         q = np.clip(nearest_int(x / dl), -32, 31) + 32
-        L = _from_position(np.where(dl != 0, q, L), nb)
-        L = np.where(zero[:, None], 0, L)
+        L = _from_position(select(dl != 0, q, L), nb)
+        L = select(zero[:, None], 0, L)
     q = L.reshape(nb, 2, 4, 32).astype(np.uint8)
     ql = np.concatenate([(q[:, :, 0] & 0xF) | ((q[:, :, 2] & 0xF) << 4),
                          (q[:, :, 1] & 0xF) | ((q[:, :, 3] & 0xF) << 4)], axis=2)
@@ -291,8 +315,8 @@ def quantize_q8_K(blocks: np.ndarray) -> np.ndarray:
         zero = amax == 0
         iscale = F32(-127) / vmax
         q = np.minimum(127, nearest_int(iscale[:, None] * blocks))
-        q = np.where(zero[:, None], 0, q).astype(np.int8)
-        d = np.where(zero, F32(0), F32(1) / iscale).astype(F32)
+        q = select(zero[:, None], 0, q).astype(np.int8)
+        d = select(zero, F32(0), F32(1) / iscale).astype(F32)
     bsums = q.reshape(nb, 16, 16).astype(np.int16).sum(axis=2, dtype=np.int16)
     return np.concatenate([d.view(np.uint8).reshape(nb, 4), q.view(np.uint8), bsums.view(np.uint8)], axis=1)
 

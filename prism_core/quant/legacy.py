@@ -24,9 +24,16 @@ def _errstate():
     return np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore")
 
 
-def _gguf_quantize(blocks: np.ndarray, name: str) -> np.ndarray:
+def gguf_quantize(blocks: np.ndarray, name: str) -> np.ndarray:
+    """gguf.quants' quantizer on (nb, block) → (nb, type_size). Passed as one row:
+    gguf works through rows 16 at a time, so many short rows would cost a call each."""
     with _errstate():
-        return gguf.quants.quantize(blocks, _GQ[name])
+        return gguf.quants.quantize(blocks.reshape(1, -1), _GQ[name]).reshape(len(blocks), -1)
+
+
+def gguf_dequantize(blocks: np.ndarray, name: str) -> np.ndarray:
+    with _errstate():  # inf scales (fp16 overflow) decode to inf/NaN as in ggml
+        return gguf.quants.dequantize(blocks.reshape(1, -1), _GQ[name]).reshape(len(blocks), -1)
 
 
 def _set_half(out: np.ndarray, at: int, where: np.ndarray, bits: np.ndarray | np.uint16) -> None:
@@ -38,7 +45,7 @@ def quantize_symmetric(name: str):
     """Q4_0 / Q5_0: d = max/−2^(b−1) with max the signed value of largest |x|; for an
     all-zero block ggml keeps its initial max = +0, so d = −0."""
     def quantize(blocks: np.ndarray) -> np.ndarray:
-        out = _gguf_quantize(blocks, name)
+        out = gguf_quantize(blocks, name)
         _set_half(out, 0, ~np.any(blocks != 0, axis=1), _NEG_ZERO_HALF)
         return out
     return quantize
@@ -49,7 +56,7 @@ def quantize_affine(name: str):
     values, so the first zero's sign when the min is a zero); d = (max − min)/(2^b − 1),
     +0 for an all-zero block."""
     def quantize(blocks: np.ndarray) -> np.ndarray:
-        out = _gguf_quantize(blocks, name)
+        out = gguf_quantize(blocks, name)
         mn = blocks.min(axis=1)
         zero_min = mn == 0
         first_zero = np.take_along_axis(blocks, np.argmax(blocks == 0, axis=1)[:, None], 1)[:, 0]
