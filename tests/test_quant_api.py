@@ -287,3 +287,8 @@ def test_vec_dot_types_are_ggml_cpus():
     for tr in TRAITS.values():
         if tr.is_quantized and tr.vec_dot_type != G.F32:
             quant.quantize_activations(np.zeros(256, np.float32), tr.vec_dot_type)  # accepted
+
+
+def test_huge_finite_rows_are_not_mistaken_for_non_finite():
+    x = np.full((2, 256), 3e38, np.float32)  # their float32 sum overflows; every value is finite
+    assert quant.quantize(x, "q8_0").shape == (2, 272)

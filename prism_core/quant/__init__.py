@@ -64,8 +64,11 @@ NEEDS_IMPORTANCE_MATRIX = frozenset({G.IQ2_XXS, G.IQ2_XS, G.IQ2_S, G.IQ3_XXS, G.
 #: Formats Prism does not quantize (NVFP4: dequantize only, via gguf) or handle at all (Q1_0, Q2_0).
 OUT_OF_SCOPE = frozenset({G.NVFP4, G.Q1_0, G.Q2_0})
 
-# Blocks per call of a format's codec: bounds the temporaries of the vectorised searches.
+# Elements per call of a format's codec: bounds the temporaries of the vectorised searches
+# (kept near the L2 cache). Q3_K's search walks the 16 positions of a sub-block one at a
+# time, 80 steps of small operations, so it does better with many blocks per call.
 _CHUNK_ELEMENTS = 1 << 16
+_CHUNK_ELEMENTS_OF = {G.Q3_K: 1 << 19}
 
 
 def _quant_traits(t: GGMLType | int | str) -> TypeTraits:
@@ -103,8 +106,9 @@ def _float_rows(rows: np.ndarray, tr: TypeTraits, what: str) -> np.ndarray:
         raise ShapeMismatch(f"{what} to {tr.name}: row length {rows.shape[-1]} is not a multiple of "
                             f"{tr.name}'s block size {tr.blck_size}")
     rows = np.ascontiguousarray(rows, dtype=np.float32)
-    finite = np.isfinite(rows)
-    if not finite.all():
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = np.add.reduce(rows, axis=None)  # inf/NaN anywhere makes it non-finite (overflow may too)
+    if not np.isfinite(total) and not (finite := np.isfinite(rows)).all():
         flat = finite.reshape(-1, rows.shape[-1]).all(axis=1)
         bad = int(np.argmin(flat))
         where = np.unravel_index(bad, rows.shape[:-1]) if rows.ndim > 1 else ()
@@ -116,19 +120,21 @@ def _float_rows(rows: np.ndarray, tr: TypeTraits, what: str) -> np.ndarray:
     return rows
 
 
-def _chunked(codec: Codec, blocks: np.ndarray, blck_size: int, out_width: int) -> np.ndarray:
+def _chunked(codec: Codec, blocks: np.ndarray, blck_size: int, out_width: int, chunk: int = _CHUNK_ELEMENTS
+             ) -> np.ndarray:
     """codec over (nb, ...) blocks, a bounded number at a time (the searches' temporaries
     stay in cache); one chunk is returned as the codec made it, with no extra copy."""
     if not len(blocks):
         return np.empty((0, out_width), np.uint8 if blocks.dtype != np.uint8 else np.float32)
-    step = max(1, _CHUNK_ELEMENTS // blck_size)
+    step = max(1, chunk // blck_size)
     if len(blocks) <= step:
         return codec(blocks)
     return np.concatenate([codec(blocks[i:i + step]) for i in range(0, len(blocks), step)])
 
 
 def _run(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
-    out = _chunked(codec, rows.reshape(-1, tr.blck_size), tr.blck_size, tr.type_size)
+    out = _chunked(codec, rows.reshape(-1, tr.blck_size), tr.blck_size, tr.type_size,
+                   _CHUNK_ELEMENTS_OF.get(tr.type, _CHUNK_ELEMENTS))
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // tr.blck_size * tr.type_size)
 
 

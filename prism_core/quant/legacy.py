@@ -36,6 +36,11 @@ def gguf_dequantize(blocks: np.ndarray, name: str) -> np.ndarray:
         return gguf.quants.dequantize(blocks.reshape(1, -1), _GQ[name]).reshape(len(blocks), -1)
 
 
+def _zero_half(out: np.ndarray, at: int) -> np.ndarray:
+    """Blocks whose fp16 field at byte ``at`` is +0 or -0."""
+    return ((out[:, at] == 0) & ((out[:, at + 1] & 0x7F) == 0))
+
+
 def _set_half(out: np.ndarray, at: int, where: np.ndarray, bits: np.ndarray | np.uint16) -> None:
     half = np.ascontiguousarray(out[:, at:at + 2]).view(np.uint16)[:, 0]
     out[:, at:at + 2] = np.where(where, bits, half).astype(np.uint16).view(np.uint8).reshape(-1, 2)
@@ -46,7 +51,12 @@ def quantize_symmetric(name: str):
     all-zero block ggml keeps its initial max = +0, so d = −0."""
     def quantize(blocks: np.ndarray) -> np.ndarray:
         out = gguf_quantize(blocks, name)
-        _set_half(out, 0, ~np.any(blocks != 0, axis=1), _NEG_ZERO_HALF)
+        maybe = _zero_half(out, 0)  # an all-zero block has d = ±0; look only at those
+        if maybe.any():
+            b = blocks[maybe]
+            sub = out[maybe]
+            _set_half(sub, 0, (b.max(axis=1) == 0) & (b.min(axis=1) == 0), _NEG_ZERO_HALF)
+            out[maybe] = sub
         return out
     return quantize
 
@@ -57,11 +67,15 @@ def quantize_affine(name: str):
     +0 for an all-zero block."""
     def quantize(blocks: np.ndarray) -> np.ndarray:
         out = gguf_quantize(blocks, name)
-        mn = blocks.min(axis=1)
-        zero_min = mn == 0
-        first_zero = np.take_along_axis(blocks, np.argmax(blocks == 0, axis=1)[:, None], 1)[:, 0]
-        _set_half(out, 2, zero_min, np.where(np.signbit(first_zero), _NEG_ZERO_HALF, np.uint16(0)))
-        _set_half(out, 0, zero_min & (blocks.max(axis=1) == 0), np.uint16(0))
+        maybe = _zero_half(out, 2)  # a zero min is stored as m = ±0; look only at those
+        if maybe.any():
+            b = blocks[maybe]
+            zero_min = b.min(axis=1) == 0
+            first_zero = np.take_along_axis(b, np.argmax(b == 0, axis=1)[:, None], 1)[:, 0]
+            sub = out[maybe]
+            _set_half(sub, 2, zero_min, np.where(np.signbit(first_zero), _NEG_ZERO_HALF, np.uint16(0)))
+            _set_half(sub, 0, zero_min & (b.max(axis=1) == 0), np.uint16(0))
+            out[maybe] = sub
         return out
     return quantize
 
