@@ -56,7 +56,7 @@ _DEQUANTIZERS: dict[GGMLType, Codec] = {
 
 _ACTIVATIONS: dict[GGMLType, Codec] = {
     G.Q8_0: legacy.activations_q8_0, G.Q8_1: legacy.activations_q8_1,
-    G.Q8_K: kquants.quantize_q8_K,  # ggml-cpu's quantize_row_q8_K is the reference one on every target
+    G.Q8_K: kquants.quantize_q8_K,  # ggml-cpu's x86 quantize_row_q8_K is the reference one
 }
 
 #: ggml's quantize_iq* for these require an importance matrix; Prism dequantizes them only.
@@ -166,7 +166,8 @@ def quantize_activations(rows: np.ndarray, vec_dot_type: GGMLType | int | str) -
     """What ggml's CPU backend (x86, AVX/AVX2 build) turns the float operand of a
     quantized dot product into: Q8_0 and Q8_1 round ties to even and scale by 127/amax
     (the reference quantizers round ties away from zero and scale by 1/d); Q8_K is the
-    reference quantizer."""
+    reference quantizer. Other targets differ in details (ARM NEON rounds ties to even
+    but scales by 1/d, and has its own Q8_K); Prism follows x86."""
     tr = _quant_traits(vec_dot_type)
     if tr.type not in _ACTIVATIONS:
         raise InvalidArgument(f"{tr.name} is not an activation type of ggml's CPU backend; vec_dot types are "
