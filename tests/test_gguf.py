@@ -308,3 +308,7 @@ def test_gemma3_270m_loads_and_agrees_with_ggufs_reader():
             assert (i.file_offset, i.nbytes, int(i.type), list(i.ne)) == \
                 (rt.data_offset, rt.n_bytes, int(rt.tensor_type), [int(n) for n in rt.shape])
         assert f.meta["tokenizer.ggml.tokens"][:5] == r.fields["tokenizer.ggml.tokens"].contents()[:5]
+
+
+def test_prism_core_gguf_is_reachable_from_the_package():
+    assert pc.gguf is pg and pc.gguf.load is pg.load
