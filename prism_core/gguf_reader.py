@@ -1,8 +1,10 @@
 """Parse and validate a GGUF file's header (metadata and tensor infos) from a byte buffer.
 
-Prism parses the header itself rather than through ``gguf.GGUFReader``: that reader builds
-a NumPy view per array item (seconds for a 262k-token vocabulary, against a target of well
-under one) and trusts counts and lengths before checking them against the file. Here every
+Prism parses the header itself rather than through ``gguf.GGUFReader`` (gguf 0.19): that
+reader builds a NumPy view per array item (8 s on the Gemma 3 270M file's 262k-token
+vocabulary, against a target of well under one) and trusts counts before checking them
+against the file: a 60-byte file whose UINT8 array claims 2**40 items kept it looping for
+over two minutes, with no error. Here every
 count and length is checked against the bytes left before anything is allocated or looped
 over, so work and memory stay linear in the file size whatever the header claims, and
 every check of ggml's reader (src/gguf.cpp) becomes a :class:`MalformedFile` naming the
