@@ -124,13 +124,17 @@ class _Cursor:
         self.pos += n
         return s
 
-    def utf8(self, what: str) -> str:
+    def name(self, what: str) -> str:
+        """A key or tensor name: UTF-8 without NUL bytes (C readers would cut the name at one)."""
         at = self.pos
         raw = self.raw_string(what)
         try:
-            return str(raw, "utf-8")
+            text = str(raw, "utf-8")
         except UnicodeDecodeError as e:
             raise self.fail(f"{what} is not valid UTF-8 ({e.reason} at byte {e.start} of it)", at) from None
+        if "\0" in text:
+            raise self.fail(f"{what} {text!r} contains a NUL byte", at)
+        return text
 
     def value_type(self, what: str) -> V:
         at = self.pos
@@ -207,7 +211,7 @@ def parse_header(buf: memoryview, path: str) -> Header:
 
     for i in range(n_kv):
         at = c.pos
-        key = c.utf8(f"key {i}")
+        key = c.name(f"key {i}")
         if not key:
             raise c.fail(f"key {i} is empty", at)
         if key in h.types:
@@ -229,7 +233,7 @@ def parse_header(buf: memoryview, path: str) -> Header:
     infos: list[tuple[str, GGMLType, tuple[int, ...], int, int, int]] = []
     for i in range(n_tensors):
         at = c.pos
-        name = c.utf8(f"the name of tensor {i}")
+        name = c.name(f"the name of tensor {i}")
         if len(name.encode("utf-8")) > MAX_NAME:
             raise c.fail(f"tensor {i}'s name {name[:20]!r}... is over ggml's {MAX_NAME} bytes", at)
         if name in names:
