@@ -312,3 +312,19 @@ def test_gemma3_270m_loads_and_agrees_with_ggufs_reader():
 
 def test_prism_core_gguf_is_reachable_from_the_package():
     assert pc.gguf is pg and pc.gguf.load is pg.load
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba", "csimd"])
+def test_loaded_weights_feed_mul_mat_on_every_backend(upstream, backend):
+    if not any(i.name == backend and i.available for i in pc.backends()):
+        pytest.skip(f"backend {backend} is not available here")
+    xs = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
+    with pg.load(upstream) as f:
+        w16 = pc.reshape(f.tensors["w16"], (32, 6))  # a view of a mapped tensor is a source too
+        y32 = pc.mul_mat(f.tensors["w32"], f.ctx.from_numpy(xs))
+        y16 = pc.mul_mat(w16, f.ctx.from_numpy(xs[:, :32]))
+        for y in (y32, y16):
+            assert pc.compute(y, backend, strict=True).fallbacks == []
+    np.testing.assert_allclose(y32.numpy(), xs.astype(np.float64) @ W32.T.astype(np.float64), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y16.numpy(), xs[:, :32].astype(np.float64) @ W16.reshape(6, 32).T.astype(np.float64),
+                               rtol=1e-3, atol=1e-3)
