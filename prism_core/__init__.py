@@ -15,7 +15,7 @@ Quick start::
 
 from __future__ import annotations
 
-from . import build, ops, optable, types
+from . import build, ops, optable, quant, types
 from .autodiff import build_backward, reset
 from .backend import Backend, Kernel
 from .build import *  # noqa: F403 - the graph-building functions are the public API

@@ -137,6 +137,13 @@ class Context:
     def new_view(self, src: Tensor, type: GGMLType, ne: tuple[int, int, int, int],
                  nb: tuple[int, int, int, int], offset: int) -> Tensor:
         """A tensor sharing ``src``'s memory (used by view ops and in-place results)."""
+        tr = traits(type)
+        if tr.is_quantized and (ne[0] % tr.blck_size or nb[0] != tr.type_size or offset % tr.type_size
+                                or any(ne[i] > 1 and nb[i] % tr.type_size for i in (1, 2, 3))):
+            raise InvalidArgument(f"view of {src.label}: a {tr.name} view must keep whole blocks of "
+                                  f"{tr.blck_size} elements along dim 0 (ne[0] a multiple of {tr.blck_size}, "
+                                  f"nb[0] = {tr.type_size}, offset and strides multiples of {tr.type_size} bytes); "
+                                  f"got ne={list(ne)}, nb={list(nb)}, offset={offset}")
         view = Tensor(self, type, ne, nb, view_src=src, view_offs=offset)
         base = view.base
         end = view.view_offs + view.nbytes

@@ -130,6 +130,15 @@ class Plan:
             call()
         return self
 
+    def release(self) -> None:
+        """Give back the memory of the plan's results and arena (leaves keep theirs); the plan
+        cannot compute afterwards."""
+        for n in self.graph.nodes:
+            if n.view_src is None and n.opdef is not None:
+                n._storage = None
+                n.ctx._raw.pop(id(n), None)
+        self.arena, self.calls, self.bindings = None, [], []
+
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
         return (f"plan on {self.backend.name}: {len(self.steps)} kernels, {len(self.fallbacks)} on the reference; "

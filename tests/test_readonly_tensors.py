@@ -69,6 +69,8 @@ def test_set_is_refused_naming_the_tensor(mapped_file):
     w = ctx.map_tensor(F32, (64, 3), b32, "blk.0.w")
     with refused(ReadOnlyTensor, r"set: 'blk.0.w' \(leaf\) is read-only", ctx):
         w.set(np.zeros((3, 64), np.float32))
+    with refused(ReadOnlyTensor, r"set_raw: 'blk.0.w' \(leaf\) is read-only", ctx):
+        w.set_raw(bytes(w.nbytes))
     np.testing.assert_array_equal(w.numpy(), w32)
 
 
