@@ -328,3 +328,15 @@ def test_loaded_weights_feed_mul_mat_on_every_backend(upstream, backend):
     np.testing.assert_allclose(y32.numpy(), xs.astype(np.float64) @ W32.T.astype(np.float64), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y16.numpy(), xs[:, :32].astype(np.float64) @ W16.reshape(6, 32).T.astype(np.float64),
                                rtol=1e-3, atol=1e-3)
+
+
+def test_loaded_quantized_tensors_dequantize_and_feed_mul_mat(upstream):
+    xs = np.random.default_rng(6).standard_normal((2, 64)).astype(np.float32)
+    with pg.load(upstream) as f:
+        for name, q, qt in (("q4", Q4, Q.Q4_0), ("q8", Q8, Q.Q8_0)):
+            deq = gguf.quants.dequantize(q, qt)  # the gguf package's exact dequantizer
+            np.testing.assert_array_equal(f.tensors[name].numpy(), deq)
+            y = pc.mul_mat(f.tensors[name], f.ctx.from_numpy(xs))
+            pc.compute(y, "numpy", strict=True)
+            np.testing.assert_allclose(y.numpy(), xs.astype(np.float64) @ deq.T.astype(np.float64),
+                                       rtol=1e-4, atol=1e-4)
