@@ -1,4 +1,4 @@
-"""The ``prism`` command: info, ops, conformance, demo."""
+"""The ``prism`` command: info, ops, conformance, demo, gguf."""
 
 from __future__ import annotations
 
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(func=cmd_demo)
     from . import cli_run
     cli_run.add_parser(sub)
+    from .cli_gguf import add_parser as add_gguf_parser
+    add_gguf_parser(sub)
     args = p.parse_args(argv)
     if getattr(args, "report", None):
         for fmt, _ in args.report:

@@ -32,7 +32,7 @@ from .backend import Backend
 from .errors import Unsupported
 from .graph import Graph
 from .registry import REGISTRY
-from .schedule import Fallback, strict_refusal, why_not
+from .schedule import Fallback, refuse_read_only_writes, strict_refusal, why_not
 from .tensor import Flag, Tensor
 
 ALIGN = 64
@@ -176,6 +176,7 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
     if isinstance(graph, Tensor):
         graph = Graph(capacity=1 << 20).expand(graph)
     be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
+    refuse_read_only_writes(graph)
     steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:
