@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")
     d.set_defaults(func=cmd_demo)
+    from .tokenizer.cli import add_parser as add_tokenize
+    add_tokenize(sub)
     args = p.parse_args(argv)
     if getattr(args, "report", None):
         for fmt, _ in args.report:
