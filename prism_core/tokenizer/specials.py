@@ -4,9 +4,39 @@ user-defined tokens always, control and unknown ones only with parse_special).""
 
 from __future__ import annotations
 
+import re
+
 from .vocab import ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATTR_UNKNOWN, Vocab, special_ids
 
 _C_SPACE = " \t\n\x0b\x0c\r"  # C isspace, which llama.cpp strips with
+_HEAD = 8  # characters of each occurrence of a rare first character kept by _Probe
+_RARE = 4096
+
+
+class _Probe:
+    """A quick, exact-when-negative test of whether a special token may occur in a text: for each
+    first character that occurs rarely, the few characters after every occurrence. Vocabularies
+    with thousands of control tokens (``<unused123>``...) then cost a set lookup each, not a scan."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.heads: dict[str, set[str] | bool] = {}
+
+    def may_contain(self, piece: str) -> bool:
+        c = piece[0]
+        heads = self.heads.get(c)
+        if heads is None:
+            n = self.text.count(c)
+            if n == 0 or n > _RARE:
+                heads = n > 0
+            else:
+                t = self.text
+                heads = {t[m.start():m.start() + _HEAD] for m in re.finditer(re.escape(c), t)}
+            self.heads[c] = heads
+        if isinstance(heads, bool):
+            return heads
+        head = piece[:_HEAD]
+        return head in heads if len(head) == _HEAD else any(h.startswith(head) for h in heads)
 
 
 class SpecialMatcher:
@@ -14,22 +44,18 @@ class SpecialMatcher:
         self.vocab = vocab
         self.ids = special_ids(vocab)
         self._always = [i for i in self.ids if not vocab.attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN)]
-        # a cheap pre-filter: a special token can occur only if its first character does
-        self._first_chars = {vocab.tokens[i][0] for i in self.ids}
 
     def partition(self, text: str, parse_special: bool) -> list[str | int]:
         """The text as a list of raw strings and special token ids."""
         candidates = self.ids if parse_special else self._always
         if not candidates or not text:
             return [text] if text else []
-        present = {c for c in self._first_chars if c in text}
-        if not present:
-            return [text]
+        probe = _Probe(text)
         tokens, attrs = self.vocab.tokens, self.vocab.attrs
         parts: list[str | int] = [text]
         for tid in candidates:
             piece = tokens[tid]
-            if piece[0] not in present or piece not in text:
+            if not probe.may_contain(piece) or piece not in text:
                 continue
             lstrip, rstrip = attrs[tid] & ATTR_LSTRIP, attrs[tid] & ATTR_RSTRIP
             out: list[str | int] = []
