@@ -96,6 +96,28 @@ def test_wpm():
     assert tok.encode("  \t", add_special=False) == []
 
 
+def ugm_meta(ab_score=-2.5):
+    vocab = [("<pad>", 0, CONTROL), ("</s>", 0, CONTROL), ("<unk>", 0, UNKNOWN), ("\u2581", -3, NORMAL),
+             ("\u2581a", -1, NORMAL), ("b", -2, NORMAL), ("\u2581ab", ab_score, NORMAL), ("ab", -1.2, NORMAL),
+             ("c", -4, NORMAL)]
+    return {K + "model": "t5", K + "tokens": [t for t, _, _ in vocab],
+            K + "scores": np.array([s for _, s, _ in vocab], np.float32),
+            K + "token_type": np.array([k for _, _, k in vocab], np.int32),
+            K + "add_space_prefix": True, K + "remove_extra_whitespaces": True}
+
+
+def test_ugm_viterbi():
+    tok = from_metadata(ugm_meta())
+    assert tok.encode("ab") == [6, 1]  # "▁ab" (-2.5) beats "▁a b" (-3) and "▁ ab" (-4.2); EOS by default
+    # the best sum, not the longest first piece
+    assert from_metadata(ugm_meta(ab_score=-5)).encode("ab", add_special=False) == [4, 5]
+    # an uncovered codepoint is <unk> at (lowest normal score - 10); consecutive unknowns fuse
+    assert tok.encode("abz", add_special=False) == [6, 2]
+    assert tok.encode("zz", add_special=False) == [3, 2]
+    assert tok.encode("  a  b  ", add_special=False) == [4, 3, 5]  # extra spaces merged, ends trimmed
+    assert tok.decode([4, 3, 5]) == "a b"
+
+
 def test_clean_spaces():
     tok = from_metadata(bpe_meta(["a b"]) | {K + "tokens": ["\u0120", "?", "'", "s", "t"]}
                         | {K + "token_type": np.array([NORMAL] * 5, np.int32)})

@@ -124,6 +124,18 @@ def test_add_special_and_parse_special():
     assert gpt2.decode([50256]) == "<|endoftext|>" and gpt2.decode([50256], special=False) == ""
 
 
+def test_ugm_nomic_bert_moe():
+    """The UGM (t5) vocabulary of the sdist, which has no test files: XLM-R's ids for "Hello world"
+    (<s> 0, ▁Hello 35378, ▁world 8999, </s> 2), and its character map applies NFKC (ligature,
+    fullwidth, roman numeral forms encode as their plain letters)."""
+    tok = from_gguf(llama_cpp() / "models" / "ggml-vocab-nomic-bert-moe.gguf")
+    assert tok.kind == "ugm"
+    assert tok.encode("Hello world") == [0, 35378, 8999, 2]
+    for fancy, plain in (("\ufb01ve", "five"), ("\uff21\uff22\uff23", "ABC"), ("\u216b", "XII")):
+        assert tok.encode(fancy) == tok.encode(plain), fancy
+    assert tok.encode("a <mask>", parse_special=True) == [0, 10, 250001, 2]  # <mask> strips the space before it
+
+
 def test_metadata_reader_agrees_with_gguf_package():
     """The tokenizer's own metadata reader gives what the gguf package's GGUFReader gives."""
     import gguf

@@ -3,7 +3,7 @@
 ``from_gguf(path_or_loaded_file)`` or ``from_metadata(mapping)`` -> :class:`Tokenizer`, with
 ``encode(text, add_special=True, parse_special=False)``, ``decode(ids)`` and ``piece(id)``.
 SPM (``llama``), BPE (``gpt2``, ``gemma4``, with every pre-tokenizer of llama.cpp's test
-vocabularies) and WPM (``bert``) vocabularies are supported. Only metadata is read, never tensors.
+vocabularies), WPM (``bert``) and UGM (``t5``) vocabularies are supported. Only metadata is read, never tensors.
 """
 
 from __future__ import annotations

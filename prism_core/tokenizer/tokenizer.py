@@ -9,6 +9,7 @@ from ..errors import InvalidArgument
 from .bpe import CHAR_TO_BYTE, BpeModel
 from .specials import SpecialMatcher
 from .spm import SPACE, SpmModel
+from .ugm import UgmModel
 from .vocab import (
     ATTR_BYTE,
     ATTR_CONTROL,
@@ -20,7 +21,7 @@ from .vocab import (
 from .vocab import from_metadata as vocab_from_metadata
 from .wpm import WpmModel
 
-_MODELS = {"spm": SpmModel, "bpe": BpeModel, "wpm": WpmModel}
+_MODELS = {"spm": SpmModel, "bpe": BpeModel, "wpm": WpmModel, "ugm": lambda v: UgmModel(v, v.charsmap)}
 
 
 def _as_text(text: str | bytes) -> str:
@@ -61,7 +62,7 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """spm, bpe or wpm."""
+        """spm, bpe, wpm or ugm."""
         return self.vocab.kind
 
     @property
@@ -89,7 +90,7 @@ class Tokenizer:
         v = self.vocab
         out: list[int] = []
         parts = self._specials.partition(text, parse_special)
-        if add_special and v.kind in ("spm", "bpe") and v.add_bos or add_special and v.kind == "wpm":
+        if add_special and (v.add_bos or v.kind == "wpm"):
             out.append(self._required(v.bos, "bos_token_id"))
         prev_special = True
         for part in parts:
@@ -102,7 +103,7 @@ class Tokenizer:
                     part = " " + part
                 part = part.replace(" ", SPACE)
                 prev_special = False
-            elif v.escape_whitespaces:
+            elif v.kind == "bpe" and v.escape_whitespaces:
                 part = part.replace(" ", SPACE)
             self._model.encode(part, out)
         if add_special:

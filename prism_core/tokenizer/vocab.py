@@ -29,8 +29,9 @@ MODELS: dict[str, tuple[str, tuple[int | None, ...]]] = {
     "bert": ("wpm", (101, None, 100, 102, 0)),
     "gpt2": ("bpe", (11, 11, None, None, None)),
     "gemma4": ("bpe", (None, None, None, None, None)),
+    "t5": ("ugm", (None, 1, 2, None, 0)),
 }
-_LATER = {"t5": "UGM", "rwkv": "RWKV", "plamo2": "PLaMo2", "hybriddna": "hybriddna BPE",
+_LATER = {"rwkv": "RWKV", "plamo2": "PLaMo2", "hybriddna": "hybriddna BPE",
           "whitespace": "whitespace BPE", "no_vocab": "no vocabulary", "none": "no vocabulary"}
 
 # names llama.cpp treats as end-of-generation and makes control tokens (llama-vocab.cpp, as data)
@@ -57,7 +58,7 @@ USER_DEFINED_NAMES = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"
 
 @dataclass
 class Vocab:
-    kind: str                    # spm, bpe, wpm
+    kind: str                    # spm, bpe, wpm, ugm
     model: str                   # tokenizer.ggml.model
     pre: str                     # the step-list name of pretokenize.PRE_STEPS (bpe), else "default"
     tokens: list[str]
@@ -80,6 +81,9 @@ class Vocab:
     escape_whitespaces: bool = False
     byte_encode: bool = True
     ignore_merges: bool = False
+    remove_extra_whitespaces: bool = False
+    treat_whitespace_as_suffix: bool = False
+    charsmap: bytes | None = None
     lowercase: bool = True
     strip_accents: bool = True
     max_token_len: int = 0
@@ -118,6 +122,16 @@ def _numbers(meta: Mapping[str, Any], key: str, n: int, dtype: type) -> np.ndarr
     if len(arr) != n:
         raise InvalidArgument(f"{key} has {len(arr)} entries but {KEY}tokens has {n}: the arrays must agree in length")
     return arr.astype(dtype)
+
+
+def _byte_array(meta: Mapping[str, Any], key: str) -> bytes:
+    v = meta[key]
+    if isinstance(v, bytes | bytearray):
+        return bytes(v)
+    arr = np.asarray(v)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or (arr.size and (arr.min() < -128 or arr.max() > 255)):
+        raise InvalidArgument(f"{key}: expected an array of bytes (int8/uint8), got {arr.dtype} of shape {arr.shape}")
+    return (arr.astype(np.int16) & 0xFF).astype(np.uint8).tobytes()
 
 
 def _flag(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -182,6 +196,11 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
         v.add_space_prefix, v.clean_spaces, v.add_bos, v.add_eos = True, False, True, False
     elif kind == "wpm":
         v.clean_spaces, v.add_bos, v.add_eos, v.add_sep = True, True, False, True
+    elif kind == "ugm":
+        v.add_bos, v.add_eos, v.escape_whitespaces = False, True, True
+        if KEY + "precompiled_charsmap" in meta:
+            v.charsmap = _byte_array(meta, KEY + "precompiled_charsmap")
+    v.remove_extra_whitespaces = _flag(meta, KEY + "remove_extra_whitespaces", False)
     v.add_space_prefix = _flag(meta, KEY + "add_space_prefix", v.add_space_prefix)
 
     attrs = []
