@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from ..errors import InvalidArgument
 from .bpe import CHAR_TO_BYTE, BpeModel
@@ -79,8 +82,7 @@ class Tokenizer:
 
     def token_text(self, token: int) -> str:
         """The token's text as stored in the vocabulary (``▁`` and GPT-2 byte characters as they are)."""
-        self._check_id(token)
-        return self.vocab.tokens[token]
+        return self.vocab.tokens[self._check_id(token)]
 
     # -- encode -----------------------------------------------------------------------------
     def encode(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -119,14 +121,20 @@ class Tokenizer:
         return token
 
     # -- decode -----------------------------------------------------------------------------
-    def _check_id(self, token: int) -> None:
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab.size:
+    def _check_id(self, token: int) -> int:
+        """The id as an int (numpy integers accepted), or InvalidArgument when it names no token."""
+        try:
+            t = operator.index(token)
+        except TypeError:
+            t = None
+        if t is None or isinstance(token, bool | np.bool_) or not 0 <= t < self.vocab.size:
             raise InvalidArgument(f"token id {token!r} is not in the vocabulary (0 <= id < {self.vocab.size})")
+        return t
 
     def piece_bytes(self, token: int, special: bool = True) -> bytes:
         """The bytes a token stands for (llama_token_to_piece); control and unknown tokens give
         their text only when ``special``."""
-        self._check_id(token)
+        token = self._check_id(token)
         attr = self.vocab.attrs[token]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""
@@ -170,9 +178,7 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int], special: bool = True, remove_special: bool = False) -> bytes:
         """llama_detokenize: the pieces joined, the first one's space prefix removed where the vocabulary
         adds one, and (for vocabularies that ask for it) llama.cpp's clean-up of spaces before punctuation."""
-        ids = list(ids)
-        for t in ids:
-            self._check_id(t)
+        ids = [self._check_id(t) for t in ids]
         v = self.vocab
         remove_space = v.add_space_prefix
         if remove_special and v.add_bos and ids and ids[0] == v.bos:

@@ -56,7 +56,9 @@ class WpmModel:
         for word in self.words(text):
             ids = self._cache.get(word)
             if ids is None:
-                ids = self._cache[word] = self._encode_word(word)
+                ids = self._encode_word(word)
+                if len(self._cache) < 1 << 18:
+                    self._cache[word] = ids
             out.extend(ids)
 
     def _encode_word(self, word: str) -> list[int]:
