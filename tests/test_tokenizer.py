@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from prism_core.cli import main as prism_main
 from prism_core.errors import InvalidArgument, PrismError, Unsupported
 from prism_core.tokenizer import from_gguf, from_metadata
+from prism_core.tokenizer import unicode as uc
 from prism_core.tokenizer.pretokenize import make_splitter
 
 NORMAL, UNKNOWN, CONTROL, USER, BYTE = 1, 2, 3, 4, 6
@@ -143,6 +144,118 @@ ALPHABET = "aZsStTdDlLrReEvVmM0179 \t\n\r'!?.,-_$\u00e9\u00df\u0436\u4e2d\u00a0\
 def test_pre_tokenizers_match_regex_package(text):
     for name, pattern in HF_PATTERNS.items():
         assert make_splitter(name)(text) == regex.findall(pattern, text), name
+
+
+def loop_split(text: str, kind: str) -> list[str]:
+    """A line-by-line port of llama.cpp's hand-written splitters (unicode.cpp,
+    unicode_regex_split_custom_{gpt2,llama3,qwen2,qwen35}), the slow way, to check the regexes
+    prism_core.tokenizer.pretokenize stands them in with."""
+    cps = [ord(c) for c in text]
+    n = len(cps)
+
+    def cpt(p):
+        return cps[p] if 0 <= p < n else -1
+
+    def fl(p):
+        return uc.flags_of(cps[p]) if 0 <= p < n else 0
+
+    def letter(f):
+        return f & uc.LETTER or (kind == "qwen35" and f & uc.ACCENT_MARK)
+
+    def blocked(f):  # \s, a letter, a number (and for qwen35 a mark)
+        return f & (uc.IS_WHITESPACE | uc.NUMBER) or letter(f)
+
+    out, pos = [], 0
+    while pos < n:
+        start, c, f = pos, cpt(pos), fl(pos)
+        if c == ord("'") and pos + 1 < n:
+            lower = (lambda x: x) if kind == "gpt2" else uc.to_lower
+            nx = lower(cpt(pos + 1))
+            if nx in map(ord, "stmd"):
+                out.append(text[pos:pos + 2])
+                pos += 2
+                continue
+            if pos + 2 < n and (chr(nx) + chr(lower(cpt(pos + 2)))) in ("re", "ve", "ll"):
+                out.append(text[pos:pos + 3])
+                pos += 3
+                continue
+        if kind == "gpt2":
+            f2 = fl(pos + 1) if c == 32 else f
+            for cls in (uc.LETTER, uc.NUMBER):
+                if f2 & cls:
+                    pos += c == 32
+                    while f2 & cls:
+                        pos += 1
+                        f2 = fl(pos)
+                    break
+            else:
+                if not (f2 & (uc.IS_WHITESPACE | uc.LETTER | uc.NUMBER)) and f2:
+                    pos += c == 32
+                    while not (f2 & (uc.IS_WHITESPACE | uc.LETTER | uc.NUMBER)) and f2:
+                        pos += 1
+                        f2 = fl(pos)
+            if pos > start:
+                out.append(text[start:pos])
+                continue
+        else:
+            if not (c in (10, 13) or f & uc.NUMBER) and (letter(f) or letter(fl(pos + 1))):
+                pos += 1
+                while letter(fl(pos)):
+                    pos += 1
+                out.append(text[start:pos])
+                continue
+            if f & uc.NUMBER:
+                if kind == "llama3":
+                    ini = pos
+                    while fl(pos) & uc.NUMBER:
+                        pos += 1
+                        if pos - ini >= 3:
+                            out.append(text[ini:pos])
+                            ini = pos
+                    if pos > ini:
+                        out.append(text[ini:pos])
+                else:
+                    pos += 1
+                    out.append(text[start:pos])
+                continue
+            f2 = fl(pos + 1) if c == 32 else f
+            if not blocked(f2) and f:
+                pos += c == 32
+                while not blocked(f2) and f2:
+                    pos += 1
+                    f2 = fl(pos)
+                while cpt(pos) in (10, 13):
+                    pos += 1
+                out.append(text[start:pos])
+                continue
+        num, last_rn = 0, 0
+        while fl(pos + num) & uc.IS_WHITESPACE:
+            if kind != "gpt2" and cpt(pos + num) in (10, 13):
+                last_rn = pos + num + 1
+            num += 1
+        if last_rn:
+            pos = last_rn
+        elif num > 1 and cpt(pos + num) != -1:
+            pos += num - 1
+        elif num:
+            pos += num
+        else:
+            pos += 1
+        out.append(text[start:pos])
+    return out
+
+
+# letters, marks, numbers of several scripts, all of llama.cpp's whitespace, unassigned codepoints
+TRICKY = list("aZsStTdDlLrReEvVmM0179 \t\n\r\x0b\x0c'!?.,-_$\x1c\x85\xa0\u2028\u3000\u0301\u0663\u00bd\u0378"
+              "\u4e2d\u0436\u00e9\U0001f600\U000e0001\u0e31\ufe0f\U00030000\u2581")
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.one_of(st.sampled_from(TRICKY), st.characters(exclude_categories=("Cs",))),
+               max_size=30))
+def test_splitter_regexes_match_llama_cpp_loops(text):
+    for kind in ("gpt2", "llama3", "qwen2", "qwen35"):
+        assert make_splitter(kind)(text) == loop_split(text, kind), kind
 
 
 # --- bad input -------------------------------------------------------------------------------------
