@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     cli_run.add_parser(sub)
     from .cli_gguf import add_parser as add_gguf_parser
     add_gguf_parser(sub)
+    from .tokenizer.cli import add_parser as add_tokenize
+    add_tokenize(sub)
     args = p.parse_args(argv)
     if getattr(args, "report", None):
         for fmt, _ in args.report:
