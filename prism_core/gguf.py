@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .context import TENSOR_OVERHEAD, Context
+from .context import Context
 from .gguf_format import V
 from .gguf_reader import Metadata, TensorInfo, parse_header
 from .gguf_writer import save
@@ -83,7 +83,7 @@ class GGUFFile:
 
 def load(path: str | os.PathLike[str], ctx: Context | None = None) -> GGUFFile:
     """Open ``path``, validate its header and map its tensors into ``ctx`` (a new context
-    sized for them when None). Tensors keep the file's names, ggml types and ``ne``."""
+    with the default budget when None). Tensors keep the file's names, ggml types and ``ne``."""
     path = os.fspath(path)
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -99,8 +99,8 @@ def load(path: str | os.PathLike[str], ctx: Context | None = None) -> GGUFFile:
         except BufferError:  # slices of it live on in the traceback's frames; it closes with them
             pass
         raise
-    if ctx is None:
-        ctx = Context(max(TENSOR_OVERHEAD * (len(h.tensors) + 1), 1 << 16))
+    if ctx is None:  # the default budget: mapped tensors cost only their overhead, leaving room for compute
+        ctx = Context()
     data = np.frombuffer(mapping, dtype=np.uint8) if mapping is not None else np.zeros(0, np.uint8)
     tensors: dict[str, Tensor] = {}
     with ctx.transaction():
