@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from .context import Context
+from .errors import InvalidArgument
 from .gguf_format import V
 from .gguf_reader import Metadata, TensorInfo, parse_header
 from .gguf_writer import save
@@ -85,6 +86,9 @@ def load(path: str | os.PathLike[str], ctx: Context | None = None) -> GGUFFile:
     """Open ``path``, validate its header and map its tensors into ``ctx`` (a new context
     with the default budget when None). Tensors keep the file's names, ggml types and ``ne``."""
     path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise InvalidArgument(f"{path}: the GGUF file does not exist" if not os.path.exists(path)
+                              else f"{path}: not a regular file")
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         mapping = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
