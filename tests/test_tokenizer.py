@@ -335,7 +335,7 @@ def test_bad_files(tmp_path):
     path = tmp_path / "spm.gguf"
     write_gguf(path, spm_meta())
     (tmp_path / "cut.gguf").write_bytes(path.read_bytes()[:60])
-    with pytest.raises(InvalidArgument, match=r"cut.gguf: byte 16: metadata key count 5 .* cannot fit in the 36 bytes left"):
+    with pytest.raises(InvalidArgument, match=r"cut.gguf: byte 16: metadata key count 5 .* in the 36 bytes left"):
         from_gguf(tmp_path / "cut.gguf")
 
 
