@@ -63,3 +63,9 @@ def refused(cls: type[Exception], match: str, ctx: pc.Context,
     assert info.type is cls, f"expected exactly {cls.__name__}, got {info.type.__name__}: {info.value}"
     assert isinstance(info.value, pc.PrismError)
     assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
+
+
+def reads_block_types(case) -> bool:
+    """Whether a conformance case's node reads or writes a block (quantized) type."""
+    out = case.build(pc.Context(), np.random.default_rng(0)).out
+    return any(t is not None and t.traits.is_quantized for t in (out, *out.src))
