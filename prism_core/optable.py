@@ -294,7 +294,7 @@ def _conversion_rule(d: OpDef, a: Tensor, to: GGMLType) -> None:
         _fail(d, f"{traits(a.type).name} -> {traits(to).name}: block types convert to and from f32 only",
               TypeMismatch)
     if qt and a.type != to and to not in QUANT_WRITABLE:
-        _fail(d, f"no quantizer for {traits(to).name} (it needs an importance matrix)", TypeMismatch)
+        _fail(d, f"no quantizer for {traits(to).name}: Prism dequantizes it only", TypeMismatch)
 
 
 def _cpy_rule(d, s, p):

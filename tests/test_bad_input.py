@@ -133,7 +133,7 @@ CASES: list[tuple[str, Setup, type[Exception], str]] = [
     ("cpy-quantized-to-f16", _two_args(lambda c: c.new_tensor("q8_0", (32,)), lambda c: c.new_tensor("f16", (32,)),
                                        pc.cpy), TypeMismatch, r"CPY: q8_0 -> f16: block types convert to and from f32"),
     ("cpy-to-iq2_xxs", _two_args(lambda c: f32(c, 256), lambda c: c.new_tensor("iq2_xxs", (256,)), pc.cpy),
-     TypeMismatch, r"CPY: no quantizer for iq2_xxs \(it needs an importance matrix\)"),
+     TypeMismatch, r"CPY: no quantizer for iq2_xxs: Prism dequantizes it only"),
     # parameters: not finite, out of range, wrong kind, unknown, missing
     ("scale-nan", _one_arg(M34, lambda a: pc.scale(a, float("nan"))), InvalidArgument,
      r"SCALE: parameter 's' must be finite, got nan"),
