@@ -309,6 +309,8 @@ def test_unknown_model_and_pre():
         from_metadata(spm_meta() | {K + "model": "nope"})
     with pytest.raises(Unsupported, match=r"tokenizer\.ggml\.model = 'rwkv'"):
         from_metadata(spm_meta() | {K + "model": "rwkv"})
+    with pytest.raises(Unsupported, match=r"tokenizer\.ggml\.pre = 'kimi-k2'"):
+        from_metadata(bpe_meta(["a b"]) | {K + "pre": "kimi-k2"})
     with pytest.raises(InvalidArgument, match=r"tokenizer\.ggml\.pre = 'nope'"):
         from_metadata(bpe_meta(["a b"]) | {K + "pre": "nope"})
     meta = bpe_meta(["a b"])
