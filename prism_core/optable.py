@@ -21,16 +21,17 @@ import numpy as np
 from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .params import Param
-from .quant import can_quantize
+from .quant import OUT_OF_SCOPE, can_quantize
 from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of
 from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 ANY_PLAIN = PLAIN_TYPES
-# Block types: those Prism decodes, those it also encodes (ggml's reference quantizer), and the
-# weight types of ggml's quantized dot products (Q8_1 and Q8_K only ever hold activations there).
-QUANTIZED = frozenset(t for t in GGMLType if traits(t).is_quantized and traits(t).usable)
+# Block types: those Prism decodes (NVFP4's values can be read, but no op takes it yet), those it
+# also encodes (ggml's reference quantizer), and the weight types of ggml's quantized dot products
+# (Q8_1 and Q8_K only ever hold activations there).
+QUANTIZED = frozenset(t for t in GGMLType if traits(t).is_quantized and traits(t).usable and t not in OUT_OF_SCOPE)
 QUANT_WRITABLE = frozenset(t for t in QUANTIZED if can_quantize(t))
 QUANT_WEIGHTS = QUANTIZED - {GGMLType.Q8_1, GGMLType.Q8_K}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
