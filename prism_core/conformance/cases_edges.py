@@ -1,0 +1,91 @@
+"""Edge cases beside each op's family: NaN and signed zeros where IEEE leaves the result to the
+implementation (the reference follows ggml's CPU expressions, so every backend must too), and
+zero-extent tensors (an empty result computes nothing; a reduction over empty rows gives ggml's
+value). The comparison checks NaN positions both ways and the sign of zero results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from .. import build as B
+from ..optable import OPS, OpDef
+from ..optable_conv import PoolOp
+from ..types import F16, F32
+from .cases import Built, Case, extra
+
+NAN = np.float32("nan")
+# NaN, both zeros, values whose result is a zero of either sign (-0.25 rounds to -0.0; -3 is
+# hardsigmoid's lower knee), ties and tiny magnitudes
+NAN_ZERO_VALUES = np.array([NAN, -0.0, 0.0, 1.0, -1.0, -0.25, 0.25, -3.0, 3.0, -1e-30, 1e-30, NAN, -2.5, 0.5],
+                           np.float32)
+# params chosen so that the bias is zero (ggml then skips adding it) or clamps at a signed zero
+NAN_ZERO_PARAMS = {"SCALE": [{"s": 2.0}, {"s": -0.5}, {"s": 0.75, "b": 0.25}],
+                   "CLAMP": [{"min": -0.5, "max": 0.5}, {"min": -0.0, "max": 0.0}],
+                   "LEAKY_RELU": [{"negative_slope": 0.1}, {"negative_slope": -2.0}]}
+
+
+def _label(params: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+@extra(*(d.key for d in OPS.values() if d.family == "unary"))
+def nan_and_signed_zero_cases(d: OpDef) -> Iterator[Case]:
+    for params in NAN_ZERO_PARAMS.get(d.key, [{}]):
+        for t in [t for t in (F32, F16) if t in d.srcs[0].types]:
+            name = "NaN and signed zeros," + ("f32" if t == F32 else "f16") + (f",{_label(params)}" if params else "")
+            yield Case(d.key, name, lambda c, r, t=t, params=params: Built(
+                B.node(d.key, c.from_numpy(NAN_ZERO_VALUES, t), **params)))
+
+
+@extra("ARGMAX")
+def argmax_nan_cases(d: OpDef) -> Iterator[Case]:
+    rows = np.array([[NAN, 1, 5, 2, 0], [1, 5, NAN, 2, 0], [1, 5, 3, 2, NAN], [NAN, NAN, NAN, NAN, NAN],
+                     [-0.0, 0.0, -0.0, -1, -2], [-np.inf] * 5, [3, NAN, NAN, 1, 2], [2, 2, NAN, 2, 1]], np.float32)
+    yield Case(d.key, "rows with NaN, ties of +-0, all -inf", lambda c, r: Built(B.argmax(c.from_numpy(rows))))
+    yield Case(d.key, "empty rows ne=[0,3]", lambda c, r: Built(B.argmax(c.new_tensor(F32, (0, 3)))))
+
+
+def _nan_image(c, r, ne):
+    x = r.uniform(-1, 1, size=tuple(reversed(ne))).astype(np.float32)
+    x[..., 0, -1] = NAN  # a NaN as the last tap before the padding
+    x[..., 1, 2] = NAN
+    x[..., 2, :2] = -np.inf
+    x[..., 3, 3] = -0.0
+    return c.from_numpy(x)
+
+
+@extra("POOL_1D")
+def pool_1d_nan_cases(d: OpDef) -> Iterator[Case]:
+    for k0, s0, p0 in [(2, 1, 1), (3, 2, 1), (3, 1, 0)]:
+        yield Case(d.key, f"MAX,NaN and -inf taps,k0={k0},s0={s0},p0={p0}", lambda c, r, k=(k0, s0, p0): Built(
+            B.pool_1d(_nan_image(c, r, (7, 5, 2)), PoolOp.MAX, *k)))
+
+
+@extra("POOL_2D")
+def pool_2d_nan_cases(d: OpDef) -> Iterator[Case]:
+    for k, s, p in [(2, 1, 1), (3, 2, 1), (2, 2, 0)]:
+        yield Case(d.key, f"MAX,NaN and -inf taps,k={k},s={s},p={p}", lambda c, r, k=k, s=s, p=p: Built(
+            B.pool_2d(_nan_image(c, r, (7, 5, 2)), PoolOp.MAX, k, k, s, s, p, p)))
+
+
+# ------------------------------------------------------------------ zero extents
+@extra("SOFT_MAX")
+def soft_max_empty_cases(d: OpDef) -> Iterator[Case]:
+    for ne in [(0, 3), (4, 0)]:
+        yield Case(d.key, f"empty ne={list(ne)}", lambda c, r, ne=ne: Built(B.soft_max(c.new_tensor(F32, ne))))
+
+
+@extra("REPEAT_BACK")
+def repeat_back_empty_cases(d: OpDef) -> Iterator[Case]:
+    yield Case(d.key, "empty a [0,2] -> b [3,2]: no tiles, zeros", lambda c, r: Built(
+        B.repeat_back(c.new_tensor(F32, (0, 2)), c.new_tensor(F32, (3, 2)))))
+    yield Case(d.key, "empty a [4,0] -> b [0,1]", lambda c, r: Built(
+        B.repeat_back(c.new_tensor(F32, (4, 0)), c.new_tensor(F32, (0, 1)))))
+
+
+@extra("SUM_ROWS", "SUM")
+def sum_empty_cases(d: OpDef) -> Iterator[Case]:
+    yield Case(d.key, "empty rows ne=[0,3]", lambda c, r: Built(B.node(d.key, c.new_tensor(F32, (0, 3)))))
