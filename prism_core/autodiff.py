@@ -33,6 +33,9 @@ def build_backward(graph: Graph, grad_accs: Mapping[Tensor, Tensor] | None = Non
     their extents; the loss always gets one."""
     if not isinstance(graph, Graph):
         raise InvalidArgument(f"build_backward: expected a Graph, got {type(graph).__name__}")
+    if grad_accs is not None and not isinstance(grad_accs, Mapping):
+        raise InvalidArgument(f"build_backward: grad_accs must map tensors to accumulators, "
+                              f"got {type(grad_accs).__name__}")
     saved = graph._state()
     contexts = {id(t.ctx): t.ctx for t in graph.nodes}
     marks = {k: c.mark() for k, c in contexts.items()}
@@ -143,6 +146,8 @@ def _add_or_set(graph: Graph, src: Tensor, contribution: Tensor) -> None:
 
 def reset(graph: Graph) -> None:
     """Loss gradients to 1; other accumulators and AdamW moments to 0 (ggml_graph_reset)."""
+    if not isinstance(graph, Graph):
+        raise InvalidArgument(f"reset: expected a Graph, got {type(graph).__name__}")
     for node in graph.nodes:
         if node.op == Op.OPT_STEP_ADAMW:
             node.src[2].set(0.0)

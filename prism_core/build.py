@@ -19,7 +19,7 @@ from .errors import BoundExceeded, InvalidArgument
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, Out, ViewOut, infer, opdef
 from .params import check_params
-from .tensor import MAX_SRC, Tensor
+from .tensor import MAX_SRC, Tensor, overlaps_itself
 from .types import traits
 
 
@@ -65,6 +65,12 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         a = srcs[0]
         assert isinstance(out, Out) and out.ne == a.ne and out.type == a.type, d.key
         out = ViewOut(a, a.type, a.ne, a.nb)
+    if isinstance(out, ViewOut) and not d.view_only and overlaps_itself(out.type, out.ne, out.nb):
+        # several result elements in one place (a stride-0 view): which write lands last is each
+        # backend's own loop order, so the op table refuses it for every op that writes into memory
+        raise InvalidArgument(f"{d.key}: the result is written into {out.of.label} with strides "
+                              f"{list(out.nb)} for ne={list(out.ne)}, whose elements overlap in memory; "
+                              "write into a contiguous tensor (cont) instead")
     try:
         if isinstance(out, ViewOut):
             result = ctx.new_view(out.of, out.type, out.ne, out.nb, out.offset)
@@ -252,7 +258,7 @@ def cast(a: Tensor, type: Any) -> Tensor:
 
 def cont(a: Tensor, ne: Sequence[int] = ()) -> Tensor:
     """Contiguous copy of a, optionally with new extents ``ne`` (ggml order)."""
-    return _n("CONT", a, ne=tuple(ne))
+    return _n("CONT", a, ne=ne)
 
 
 def cont_2d(a: Tensor, ne0: int, ne1: int) -> Tensor: return cont(a, (ne0, ne1))
@@ -262,7 +268,7 @@ def cont_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor: return
 
 def reshape(a: Tensor, ne: Sequence[int] | Tensor) -> Tensor:
     """View of contiguous a with extents ``ne`` (ggml order) or another tensor's extents."""
-    return _n("RESHAPE", a, ne=tuple(ne.ne) if isinstance(ne, Tensor) else tuple(ne))
+    return _n("RESHAPE", a, ne=ne.ne if isinstance(ne, Tensor) else ne)
 
 
 def reshape_1d(a: Tensor, ne0: int) -> Tensor: return reshape(a, (ne0,))
@@ -274,7 +280,7 @@ def reshape_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor: ret
 def view(a: Tensor, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> Tensor:
     """View of a's memory: extents ``ne`` (ggml order, 1-4 dims), byte strides
     ``nb`` = (nb1, nb2, nb3), byte ``offset`` from a's first element."""
-    return _n("VIEW", a, ne=tuple(ne), nb=tuple(nb), offset=offset)
+    return _n("VIEW", a, ne=ne, nb=nb, offset=offset)
 
 
 def view_1d(a: Tensor, ne0: int, offset: int = 0) -> Tensor:

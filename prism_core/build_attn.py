@@ -19,7 +19,7 @@ def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims:
     rotates the whole row."""
     return node("ROPE", a, pos, freq_factors, inplace=inplace, n_dims=n_dims or a.ne[0], mode=mode,
                 n_ctx_orig=n_ctx_orig, freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
-                attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow, sections=tuple(sections),
+                attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow, sections=sections,
                 n_offs=n_offs)
 
 

@@ -14,7 +14,7 @@ from .build import cont as _cont
 from .build import mul_mat, node, permute, reshape
 from .errors import InvalidArgument
 from .optable_conv import PoolOp, ScaleMode
-from .tensor import Tensor
+from .tensor import Tensor, check_ne
 from .types import F16, F32, as_type
 
 
@@ -43,7 +43,7 @@ def im2col_back(grad: Tensor, kernel: Tensor, ne: Sequence[int], s0: int, s1: in
                 d1: int, is_2D: bool = True) -> Tensor:
     """Adjoint of :func:`im2col`: F32 tensor of the input extents ``ne`` in which each
     element is the sum of the entries of ``grad`` (im2col's result shape) that read it."""
-    ne = tuple(ne) + (1,) * (4 - len(tuple(ne)))
+    ne = check_ne(ne, "IM2COL_BACK: ne")
     return node("IM2COL_BACK", grad, kernel, s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1, ne=ne, is_2D=is_2D)
 
 

@@ -18,7 +18,8 @@ ROPE_PARAMS = (
     Param("freq_base", float, 10000.0, min=0.0), Param("freq_scale", float, 1.0),
     Param("ext_factor", float, 0.0), Param("attn_factor", float, 1.0),
     Param("beta_fast", float, 32.0), Param("beta_slow", float, 1.0),
-    Param("sections", tuple, (0, 0, 0, 0), length=4, doc="MROPE/VISION/IMROPE section sizes"),
+    Param("sections", tuple, (0, 0, 0, 0), length=4, min=0, max=2**31 - 1,
+          doc="MROPE/VISION/IMROPE section sizes (each >= 0, every mode)"),
     Param("n_offs", int, 0, min=0, doc="first rotated dim (even)"),
 )
 MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)

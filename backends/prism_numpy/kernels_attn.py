@@ -59,7 +59,7 @@ def _flash_attn_ext(n: Tensor) -> None:
         m = val(mask)[:, :, : q.shape[2], :]
         m = np.tile(m, (q.shape[0] // m.shape[0], n_head // m.shape[1], 1, 1))
         s = s + alibi_slopes(n_head, p["max_bias"]).reshape(1, -1, 1, 1) * m
-    mx = s.max(axis=-1, keepdims=True)
+    mx = s.max(axis=-1, keepdims=True, initial=-np.inf)  # no keys (n_kv = 0): -inf, then ggml's S == 0 case
     if sinks is not None:
         mx = np.maximum(mx, val(sinks).reshape(1, -1, 1, 1))
     with np.errstate(invalid="ignore"):
