@@ -137,13 +137,20 @@ class Plan:
         """Run every kernel. Safe from several threads: computes over one context's tensors (this
         plan, another plan of the same graph, an eager compute) take turns on the context's lock,
         since they share the tensors' storage and this plan's arena."""
-        with holding(self.contexts):
-            for t, storage in self.bindings:  # another plan over the same tensors may have moved them
-                if t._storage is not storage:
-                    t._storage = storage
-            for call in self.calls:
-                call()
+        if len(self.contexts) == 1:  # the usual case, without the generic context manager's cost
+            with self.contexts[0].compute_lock:
+                self._run()
+        else:
+            with holding(self.contexts):
+                self._run()
         return self
+
+    def _run(self) -> None:
+        for t, storage in self.bindings:  # another plan over the same tensors may have moved them
+            if t._storage is not storage:
+                t._storage = storage
+        for call in self.calls:
+            call()
 
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
