@@ -1132,7 +1132,7 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
             const double g = load_f32(gr + i * gnb, gt);
             double r;
             if (act < 0) {
-                const double xc = x < limit ? (double)x : limit;
+                const double xc = limit < x ? limit : (double)x; /* std::min(x, limit): NaN stays NaN */
                 const double gc = g < -limit ? -limit : g > limit ? limit : g;
                 r = xc / (1.0 + exp(-alpha * xc)) * (gc + 1.0);
             } else {

@@ -27,6 +27,7 @@ from .errors import (
                      InvalidArgument,
                      PluginError,
                      PrismError,
+                     PrismWarning,
                      ShapeMismatch,
                      TypeMismatch,
                      UnknownBackend,

@@ -50,6 +50,8 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         if not d.srcs:
             raise InvalidArgument(f"{d.key}: has no source tensors; pass the context as ctx=")
         raise InvalidArgument(f"{d.key}: needs at least one source tensor")
+    if not isinstance(inplace, (bool, np.bool_)):
+        raise InvalidArgument(f"{d.key}: inplace must be a bool, got {inplace!r}")
     if inplace and not d.inplace:
         raise InvalidArgument(f"{d.key}: has no in-place variant")
     for k in d.fixed:
@@ -83,6 +85,20 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
     result.params = MappingProxyType(checked)
     result.src = tuple(srcs)
     return result
+
+
+def _tensor_arg(who: str, name: str, x: Any) -> Tensor:
+    """``x`` when it is a Tensor: for builders that read a source's metadata before :func:`node`."""
+    if not isinstance(x, Tensor):
+        raise InvalidArgument(f"{who}: {name} must be a Tensor, got {type(x).__name__}")
+    return x
+
+
+def _int_arg(who: str, name: str, x: Any) -> int:
+    """``x`` when it is an int: for builders that compute with an argument before :func:`node`."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise InvalidArgument(f"{who}: {name} must be an int, got {x!r}")
+    return int(x)
 
 
 def _n(key: str, *srcs: Tensor | None, inplace: bool = False, **params: Any) -> Tensor:
@@ -167,10 +183,12 @@ def set(a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int, inplace
 
 
 def set_1d(a: Tensor, b: Tensor, offset: int, inplace: bool = False) -> Tensor:
+    a = _tensor_arg("SET", "a", a)
     return set(a, b, a.nb[1], a.nb[2], a.nb[3], offset, inplace)
 
 
 def set_2d(a: Tensor, b: Tensor, nb1: int, offset: int, inplace: bool = False) -> Tensor:
+    a = _tensor_arg("SET", "a", a)
     return set(a, b, nb1, a.nb[2], a.nb[3], offset, inplace)
 
 
@@ -252,6 +270,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 def cast(a: Tensor, type: Any) -> Tensor:
     """A new tensor of ``type`` holding a's values (ggml_cast)."""
     from .types import as_type
+    a = _tensor_arg("cast", "a", a)
     with a.ctx.transaction():
         return cpy(a, a.ctx.new_tensor(as_type(type), a.ne))
 
@@ -284,15 +303,17 @@ def view(a: Tensor, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> Te
 
 
 def view_1d(a: Tensor, ne0: int, offset: int = 0) -> Tensor:
-    ts = traits(a.type).type_size
-    return view(a, (ne0,), (ts * ne0,) * 3, offset)
+    ts = traits(_tensor_arg("VIEW", "a", a).type).type_size
+    return view(a, (ne0,), (ts * _int_arg("VIEW", "ne0", ne0),) * 3, offset)
 
 
 def view_2d(a: Tensor, ne0: int, ne1: int, nb1: int, offset: int = 0) -> Tensor:
+    nb1, ne1 = _int_arg("VIEW", "nb1", nb1), _int_arg("VIEW", "ne1", ne1)
     return view(a, (ne0, ne1), (nb1, nb1 * ne1, nb1 * ne1), offset)
 
 
 def view_3d(a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int = 0) -> Tensor:
+    nb2, ne2 = _int_arg("VIEW", "nb2", nb2), _int_arg("VIEW", "ne2", ne2)
     return view(a, (ne0, ne1, ne2), (nb1, nb2, nb2 * ne2), offset)
 
 

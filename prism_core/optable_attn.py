@@ -9,6 +9,7 @@ from .errors import InvalidArgument
 from .ops import Op, RopeMode
 from .optable import FLOATS, IGNORE, ONLY_F32, Out, Src, ViewOut, _fail, define, divides
 from .params import Param
+from .semantics import rope_yarn_corr_dims
 from .types import BF16, F16, F32, I32, I64
 
 ROPE_PARAMS = (
@@ -46,6 +47,13 @@ def _rope_rule(d, s, p):
         _fail(d, f"VISION needs n_dims = a.ne[0]/2 = {ne0 // 2} and n_offs 0", InvalidArgument)
     if p["freq_scale"] <= 0 or p["freq_base"] <= 0:
         _fail(d, "freq_base and freq_scale must be > 0", InvalidArgument)
+    if p["ext_factor"] != 0.0:
+        try:
+            rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        except (ArithmeticError, ValueError):
+            _fail(d, f"YaRN (ext_factor={p['ext_factor']}) needs a finite correction range: beta_fast and "
+                     f"beta_slow > 0, n_ctx_orig > 0 and freq_base != 1 (got {p['beta_fast']}, {p['beta_slow']}, "
+                     f"{p['n_ctx_orig']}, {p['freq_base']})", InvalidArgument)
     if ff is not None and ff.nelements < n_dims // 2:
         _fail(d, f"freq_factors needs >= n_dims/2 = {n_dims // 2} entries, has {ff.nelements}")
     if not a.is_contiguous_rows():

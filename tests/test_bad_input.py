@@ -663,6 +663,25 @@ HARDENING: list[tuple[str, Setup, type[Exception], str]] = [
      r"SCALE: the result is written into .* whose elements overlap"),
     ("cpy-into-stride-0-view", _two_args(M34, _stride0_view, pc.cpy), InvalidArgument,
      r"CPY: the result is written into .* whose elements overlap"),
+    # builders that read an argument before the op table does
+    ("set_1d-a-not-a-tensor", _one_arg(M34, lambda b: pc.set_1d("x", b, 0)), InvalidArgument,
+     r"SET: a must be a Tensor, got str"),
+    ("cast-not-a-tensor", lambda c: lambda: pc.cast(0, "f16"), InvalidArgument, r"cast: a must be a Tensor, got int"),
+    ("view_1d-ne0-dict", _one_arg(M44, lambda a: pc.view_1d(a, {})), InvalidArgument,
+     r"VIEW: ne0 must be an int, got \{\}"),
+    ("view_2d-nb1-tuple", _one_arg(M44, lambda a: pc.view_2d(a, 4, 10**400, (4, 3))), InvalidArgument,
+     r"VIEW: nb1 must be an int, got \(4, 3\)"),
+    ("rope-a-not-a-tensor", lambda c: (lambda pos: lambda: pc.rope_ext(None, pos))(i32(c, [0])), InvalidArgument,
+     r"ROPE: a must be a Tensor, got NoneType"),
+    ("inplace-not-a-bool", _one_arg(M34, lambda a: pc.norm(a, 1e-5, "MAX")), InvalidArgument,
+     r"NORM: inplace must be a bool, got 'MAX'"),
+    # parameters whose result ggml leaves undefined: refused for every backend
+    ("rope-yarn-beta-zero", lambda c: (lambda a, pos: lambda: pc.rope_ext(a, pos, n_dims=8, ext_factor=0.5,
+                                                                          n_ctx_orig=64, beta_fast=-0.0))(
+        f32(c, 2, 3, 8), i32(c, [0, 1])), InvalidArgument, r"ROPE: YaRN \(ext_factor=0.5\) needs a finite correction"),
+    ("conv_2d-empty-input", _two_args(empty(1, 1, 1, 1), empty(0, 3, 1, 1),
+                                      lambda a, b: pc.conv_2d(a, b, 2**31 - 1, 2, 0, 0, 2, 1)), ShapeMismatch,
+     r"CONV_2D: the input is empty along dim 0"),
     # zero extents the op cannot define
     ("cross_entropy-no-classes", _two_args(empty(0, 3), empty(0, 3), pc.cross_entropy_loss), ShapeMismatch,
      r"CROSS_ENTROPY_LOSS: a has no elements \(ne=\[0, 3, 1, 1\]\)"),

@@ -480,7 +480,8 @@ def rows(x, lx, y, ly, o, kind, op, p0):
             for i0 in range(n0):
                 c = ld(x, lx, i3, i2, i1, i0)
                 ss += c * c
-            den = max(np.sqrt(ss), p0)
+            den = np.sqrt(ss)
+            den = den if den > p0 else p0  # fmaxf(norm, eps), as ggml: a NaN norm gives eps
             for i0 in range(n0):
                 st(o, kind, i3, i2, i1, i0, ld(x, lx, i3, i2, i1, i0) / den)
         else:
@@ -506,9 +507,9 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
         j2 = i2 % m2
         mx = -np.inf
         for i0 in range(n0):
-            v = np.float64(x[i3, i2, i1, i0]) * scale
+            v = np.float64(np.float32(np.float64(x[i3, i2, i1, i0]) * scale))  # float32, as ggml
             if has_mask:
-                v += slope * ld(mask, lm, j3, j2, i1, i0)
+                v = np.float64(np.float32(v + slope * ld(mask, lm, j3, j2, i1, i0)))
             if v > mx:
                 mx = v
         sk = 0.0
@@ -519,9 +520,9 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
         e = np.empty(n0, np.float64)  # the row's exponentials, so each is computed once
         den = 0.0
         for i0 in range(n0):
-            v = np.float64(x[i3, i2, i1, i0]) * scale
+            v = np.float64(np.float32(np.float64(x[i3, i2, i1, i0]) * scale))  # float32, as ggml
             if has_mask:
-                v += slope * ld(mask, lm, j3, j2, i1, i0)
+                v = np.float64(np.float32(v + slope * ld(mask, lm, j3, j2, i1, i0)))
             e[i0] = np.exp(v - mx)
             den += e[i0]
         if has_sinks:
@@ -615,8 +616,9 @@ def glu(a, la, b, lb, o, kind, op, split, swapped, alpha, limit):
             else:
                 g = ld(b, lb, i3, i2, i1, i0)
             if op < 0:
-                xc = min(x, limit)
-                v = xc * _sigmoid(alpha * xc) * (min(max(g, -limit), limit) + 1.0)
+                xc = limit if limit < x else x  # std::min(x, limit): NaN stays NaN
+                gc = -limit if g < -limit else (limit if limit < g else g)  # std::clamp
+                v = xc * _sigmoid(alpha * xc) * (gc + 1.0)
             else:
                 v = unary_value(op, x, 0.0, 0.0, 0.0, 0.0) * g
             st(o, kind, i3, i2, i1, i0, v)

@@ -83,7 +83,7 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
             s = 0.0
             for d in range(nd):
                 s += qrow[d] * ld(k, lk, b, kh, j, d)
-            s *= scale
+            s = np.float64(np.float32(s * scale))  # ggml scales the score in float32
             if softcap != 0.0:
                 s = softcap * np.tanh(s / softcap)
             if has_mask:

@@ -41,6 +41,12 @@ def store(node: Tensor, values: np.ndarray) -> None:
     node.host()[...] = from_f32(np.broadcast_to(values, full), node.type)
 
 
+def f32_round(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to float32 and back: where ggml keeps an intermediate in float32 and its
+    overflow to inf (not the double's finite value) decides the result."""
+    return x.astype(np.float32).astype(np.float64)
+
+
 def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """ggml's modulo broadcast: b repeated along each dim until it has ``shape``."""
     if 0 in shape:
@@ -353,11 +359,12 @@ def _diag_mask(n: Tensor) -> None:
 @kernel("SOFT_MAX")
 def _soft_max(n: Tensor) -> None:
     a, mask, sinks = n.src[0], n.src[1] if len(n.src) > 1 else None, n.src[2] if len(n.src) > 2 else None
-    x = val(a) * n.params["scale"]
-    if mask is not None:
-        m = val(mask)[:, :, : a.ne[1], :]
-        slope = alibi_slopes(a.ne[2], n.params["max_bias"]).reshape(1, -1, 1, 1)
-        x = x + slope * tile_to(m, x.shape)
+    with np.errstate(over="ignore"):  # ggml scales (and adds the mask) in float32: overflow gives inf there
+        x = f32_round(val(a) * n.params["scale"])
+        if mask is not None:
+            m = val(mask)[:, :, : a.ne[1], :]
+            slope = alibi_slopes(a.ne[2], n.params["max_bias"]).reshape(1, -1, 1, 1)
+            x = f32_round(x + slope * tile_to(m, x.shape))
     mx = x.max(axis=-1, keepdims=True)
     if sinks is not None:
         s = val(sinks).reshape(-1)[None, :, None, None]
@@ -477,7 +484,7 @@ def _l2_norm(n: Tensor) -> None:
     x = val(n.src[0])
     norm = np.sqrt((x * x).sum(axis=-1, keepdims=True))
     with np.errstate(invalid="ignore", divide="ignore"):  # a zero row with eps 0 gives NaN, as in ggml
-        store(n, x / np.maximum(norm, n.params["eps"]))
+        store(n, x / np.fmax(norm, n.params["eps"]))  # ggml's fmaxf: a NaN norm gives eps
 
 
 @kernel("GROUP_NORM")

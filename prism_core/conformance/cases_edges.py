@@ -82,3 +82,39 @@ def repeat_back_empty_cases(d: OpDef) -> Iterator[Case]:
 @extra("SUM_ROWS", "SUM")
 def sum_empty_cases(d: OpDef) -> Iterator[Case]:
     yield Case(d.key, "empty rows ne=[0,3]", lambda c, r: Built(B.node(d.key, c.new_tensor(F32, (0, 3)))))
+
+
+@extra("L2_NORM")
+def l2_norm_nan_cases(d: OpDef) -> Iterator[Case]:
+    # ggml's scale = 1 / fmaxf(sqrtf(sum), eps): a NaN row's norm gives eps (x / 0 with eps 0), an
+    # infinite row's gives 0 * x
+    rows = np.array([[NAN, 1, -2, 0], [1, np.inf, -2, 0], [3, 4, 0, -0.0]], np.float32)
+    for eps in (0.0, 1e-6):
+        yield Case(d.key, f"rows with NaN and inf,eps={eps}", lambda c, r, eps=eps: Built(
+            B.l2_norm(c.from_numpy(rows), eps)))
+
+
+# ------------------------------------------------------------------ float32 intermediates
+# ggml scales softmax logits and attention scores in float32: a finite scale whose product
+# overflows there gives inf (then NaN rows), whatever a double would have held
+@extra("SOFT_MAX")
+def soft_max_overflow_cases(d: OpDef) -> Iterator[Case]:
+    for scale in (3e38, -3e38):
+        yield Case(d.key, f"scale={scale:g} overflowing float32", lambda c, r, scale=scale: Built(
+            B.soft_max_ext(c.from_numpy(r.uniform(-2, 2, (3, 8)).astype(np.float32)), scale=scale)))
+
+
+@extra("FLASH_ATTN_EXT")
+def flash_attn_overflow_cases(d: OpDef) -> Iterator[Case]:
+    def build(c, r):
+        q, k, v = (c.from_numpy(r.uniform(-1, 1, s).astype(np.float32)) for s in ((1, 3, 8), (1, 5, 8), (1, 5, 8)))
+        return Built(B.flash_attn_ext(q, k, v, scale=2e38))
+    yield Case(d.key, "scale=2e38 overflowing float32", build)
+
+
+@extra("SWIGLU_OAI")
+def swiglu_oai_nan_cases(d: OpDef) -> Iterator[Case]:
+    # std::min(x, limit) and std::clamp(g, -limit, limit) keep a NaN
+    x = np.array([[NAN, 1.0, -0.0, 9.0], [2.0, NAN, 0.5, -9.0]], np.float32)
+    yield Case(d.key, "NaN in x and g", lambda c, r: Built(B.node(d.key, c.from_numpy(x), c.from_numpy(x[::-1].copy()),
+                                                                  alpha=1.702, limit=7.0)))
