@@ -38,6 +38,7 @@ from .schedule import (
     as_graph,
     computes_nothing,
     contexts_of,
+    flag_arg,
     holding,
     resolve_backend,
     strict_refusal,
@@ -188,6 +189,8 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
     (a training step whose optimizer nodes consume them needs no copy of them afterwards)."""
     graph = as_graph(graph, "plan")
     be = resolve_backend(backend, "plan")
+    strict, reuse, keep_grads = (flag_arg("plan", k, v) for k, v in
+                                 (("strict", strict), ("reuse", reuse), ("keep_grads", keep_grads)))
     with holding(contexts_of(graph)):  # planning rebinds the intermediates' storage
         return _plan(graph, be, strict, reuse, keep_grads)
 

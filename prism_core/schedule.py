@@ -75,6 +75,13 @@ def resolve_backend(backend: Backend | str | None, who: str) -> Backend:
     return REGISTRY.get(backend)
 
 
+def flag_arg(who: str, name: str, value: object) -> bool:
+    """A keyword flag that must be a bool (a truthy string or number is a mistake, not True)."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{who}: {name} must be a bool, got {value!r}")
+    return value
+
+
 def computes_nothing(node: Tensor) -> bool:
     """Leafs, views, and results with no elements: ggml's CPU backend skips empty nodes too, so
     every op defines an empty result and no kernel ever sees one."""
@@ -110,6 +117,7 @@ def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, stri
     Safe to call from several threads: computes over one context's tensors take turns."""
     graph = as_graph(graph, "compute")
     be = resolve_backend(backend, "compute")
+    strict = flag_arg("compute", "strict", strict)
     with holding(contexts_of(graph)):
         return _compute(graph, be, strict)
 

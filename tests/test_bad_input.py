@@ -729,8 +729,10 @@ def test_name_with_lone_surrogate(ctx, graph, name):
     (lambda g: pc.compute(g, []), r"compute: backend must be a Backend, a backend name or None, got list"),
     (lambda g: pc.plan(g, {}), r"plan: backend must be a Backend, a backend name or None, got dict"),
     (lambda g: pc.compute(g, 3), r"compute: backend must be .* got int"),
+    (lambda g: pc.compute(g, "numpy", strict="no"), r"compute: strict must be a bool, got 'no'"),
+    (lambda g: pc.plan(g, "numpy", reuse=0), r"plan: reuse must be a bool, got 0"),
 ], ids=["compute-int", "compute-str", "plan-list", "reset-int", "compute-unhashable-backend",
-        "plan-unhashable-backend", "compute-int-backend"])
+        "plan-unhashable-backend", "compute-int-backend", "compute-strict-str", "plan-reuse-int"])
 def test_compute_plan_reset_bad_arguments(ctx, graph, call, match):
     with refused(InvalidArgument, match, ctx, graph):
         call(graph)
