@@ -747,6 +747,28 @@ def test_build_backward_accumulators_not_a_mapping(ctx):
         pc.build_backward(g, [p])
 
 
+@pytest.mark.parametrize("make, match", [
+    (lambda c, p: {p: p}, r"must be a leaf tensor of its own .* got <leaf"),
+    (lambda c, p: {p: pc.sqr(c.new_tensor("f32", (3,)))}, r"must be a leaf tensor of its own .* got <UNARY\(SQR\)|SQR"),
+    (lambda c, p: {p: pc.view_1d(c.new_tensor("f32", (6,)), 3, 0)}, r"must be a leaf tensor of its own"),
+    (lambda c, p: {p: pc.Context().new_tensor("f32", (3,))}, r"the accumulator of .* belongs to another context"),
+], ids=["the-parameter-itself", "a-node", "a-view", "another-context"])
+def test_build_backward_malformed_accumulators(ctx, make, match):
+    p = f32(ctx, 3).set_param()
+    g = pc.Graph().expand(pc.sum(pc.sqr(p)).set_loss())
+    accs = make(ctx, p)
+    with refused(InvalidArgument, match, ctx, g):
+        pc.build_backward(g, accs)
+
+
+def test_build_backward_one_accumulator_for_two_nodes(ctx):
+    p, q = f32(ctx, 3).set_param(), f32(ctx, 3).set_param()
+    g = pc.Graph().expand(pc.sum(pc.mul(p, q)).set_loss())
+    acc = ctx.new_tensor("f32", (3,))
+    with refused(InvalidArgument, r"one accumulator .* is given for several nodes", ctx, g):
+        pc.build_backward(g, {p: acc, q: acc})
+
+
 def test_budget_beyond_what_the_host_can_give():
     big = pc.Context(mem_size=2**62)
     t = big.new_tensor("f32", (2**48,))  # admitted by the budget; memory is allocated on first use
