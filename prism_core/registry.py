@@ -202,11 +202,16 @@ class Registry:
                 if isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
                 self.broken.append(BrokenPlugin(label, f"import failed: {type(e).__name__}: {e}"))
-        plugins += [(label, p, None) for label, p in self._extra]
         claims: list[_Claim] = []
         for label, plugin, ep in plugins:
             claims += self._claims_of(label, plugin, ep)
-        self._settle(claims)
+        if self._extra:
+            # provisionally, so that an in-process plugin's hook can already look up installed backends
+            self._backends, self._reference, _ = _settle(claims)
+            for label, plugin in self._extra:
+                claims += self._claims_of(label, plugin, None)
+        self._backends, self._reference, refused = _settle(claims)
+        self.broken += refused
 
     def _claims_of(self, label: str, plugin: Any, ep: metadata.EntryPoint | None) -> list[_Claim]:
         try:
@@ -239,41 +244,6 @@ class Registry:
                 else:
                     claims.append(_Claim(b, label, _is_own(ep, b)))
         return claims
-
-    def _settle(self, claims: list[_Claim]) -> None:
-        """Give each name to one claim, independently of the order the claims came in."""
-        by_name: dict[str, list[_Claim]] = {}
-        for c in claims:
-            b = c.backend
-            if not c.own and (b.name == REFERENCE_NAME or b.is_reference):
-                what = (f"backend name {REFERENCE_NAME!r} is reserved" if b.name == REFERENCE_NAME
-                        else f"backend {b.name!r} claims to be the reference (is_reference=True), which is")
-                self.broken.append(BrokenPlugin(c.plugin, f"{what} for the reference backend shipped with "
-                                                f"{OWN_DISTRIBUTION}; refused"))
-                continue
-            by_name.setdefault(b.name, []).append(c)
-        for name, cs in by_name.items():
-            own = [c for c in cs if c.own]
-            if own:
-                keep = own[0]
-                for c in cs:
-                    if c is not keep:
-                        self.broken.append(BrokenPlugin(c.plugin, f"backend name {name!r} is already registered "
-                                                        f"by {keep.plugin}, {OWN_DISTRIBUTION}'s own"))
-            elif len({c.plugin for c in cs}) > 1:
-                owners = ", ".join(sorted({c.plugin for c in cs}))
-                for c in cs:
-                    self.broken.append(BrokenPlugin(c.plugin, f"backend name {name!r} is claimed by several "
-                                                    f"plugins ({owners}); all are refused until one is renamed"))
-                continue
-            else:
-                keep = cs[0]
-                for c in cs[1:]:
-                    self.broken.append(BrokenPlugin(c.plugin, f"backend name {name!r} is already registered "
-                                                    f"by {keep.plugin}"))
-            entry = self._backends[name] = _Entry(keep.backend, keep.plugin)
-            if keep.own and name == REFERENCE_NAME and keep.backend.is_reference:
-                self._reference = entry
 
     # ---------------------------------------------------------------- queries
     def _ranked(self) -> list[_Entry]:
@@ -319,6 +289,47 @@ class Registry:
         why = f": {entry.state()[1]}" if entry is not None else ""
         raise BackendUnavailable(f"the reference backend ({REFERENCE_NAME!r}, shipped with {OWN_DISTRIBUTION}) is "
                                  f"not installed or not available{why}; fallback and conformance need it")
+
+
+def _settle(claims: list[_Claim]) -> tuple[dict[str, _Entry], _Entry | None, list[BrokenPlugin]]:
+    """Give each name to one claim, independently of the order the claims came in: the
+    backends by name, the reference, and the refused claims."""
+    refused: list[BrokenPlugin] = []
+    backends: dict[str, _Entry] = {}
+    reference = None
+    by_name: dict[str, list[_Claim]] = {}
+    for c in claims:
+        b = c.backend
+        if not c.own and (b.name == REFERENCE_NAME or b.is_reference):
+            what = (f"backend name {REFERENCE_NAME!r} is reserved" if b.name == REFERENCE_NAME
+                    else f"backend {b.name!r} claims to be the reference (is_reference=True), which is")
+            refused.append(BrokenPlugin(c.plugin, f"{what} for the reference backend shipped with "
+                                        f"{OWN_DISTRIBUTION}; refused"))
+            continue
+        by_name.setdefault(b.name, []).append(c)
+    for name, cs in by_name.items():
+        own = [c for c in cs if c.own]
+        if own:
+            keep = own[0]
+            for c in cs:
+                if c is not keep:
+                    refused.append(BrokenPlugin(c.plugin, f"backend name {name!r} is already registered "
+                                                f"by {keep.plugin}, {OWN_DISTRIBUTION}'s own"))
+        elif len({c.plugin for c in cs}) > 1:
+            owners = ", ".join(sorted({c.plugin for c in cs}))
+            for c in cs:
+                refused.append(BrokenPlugin(c.plugin, f"backend name {name!r} is claimed by several "
+                                            f"plugins ({owners}); all are refused until one is renamed"))
+            continue
+        else:
+            keep = cs[0]
+            for c in cs[1:]:
+                refused.append(BrokenPlugin(c.plugin, f"backend name {name!r} is already registered "
+                                            f"by {keep.plugin}"))
+        entry = backends[name] = _Entry(keep.backend, keep.plugin)
+        if keep.own and name == REFERENCE_NAME and keep.backend.is_reference:
+            reference = entry
+    return backends, reference, refused
 
 
 def _malformed(b: Any) -> str | None:
