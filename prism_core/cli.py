@@ -155,7 +155,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 MAX_SECONDS = 1e6  # about 11 days: beyond it "no limit" is meant (0), and OS timers overflow
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
     """A finite number of seconds, 0 to MAX_SECONDS."""
     try:
         x = float(text)
@@ -168,14 +168,14 @@ def _seconds(text: str) -> float:
     return x
 
 
-def _budget(text: str) -> float:
-    x = _seconds(text)
+def budget_arg(text: str) -> float:
+    x = seconds_arg(text)
     if x == 0:
         raise argparse.ArgumentTypeError("must be more than 0 seconds")
     return x
 
 
-def _int_at_least(minimum: int):
+def int_at_least(minimum: int):
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -188,10 +188,10 @@ def _int_at_least(minimum: int):
     return parse
 
 
-def _jobs(text: str) -> int:
+def jobs_arg(text: str) -> int:
     if text == "auto":
         return os.cpu_count() or 1
-    return _int_at_least(1)(text)
+    return int_at_least(1)(text)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -212,18 +212,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="forward: values against the reference; grad: gradients against finite differences")
     c.add_argument("--report", nargs=2, action="append", metavar=("FORMAT", "FILE"),
                    help="also write the support table as FORMAT (json or markdown) to FILE (repeatable)")
-    c.add_argument("--random", type=_int_at_least(1), metavar="N", default=None,
+    c.add_argument("--random", type=int_at_least(1), metavar="N", default=None,
                    help="instead of the fixed cases, N random cases per op (elementwise, matmul, softmax, "
                         "norm families): random shapes, types, strides/layouts and params")
-    c.add_argument("--seed", type=_int_at_least(0), default=0, metavar="S", help="seed of --random (default 0); "
+    c.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of --random (default 0); "
                    "the same seed draws the same cases")
-    c.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+    c.add_argument("--timeout", type=seconds_arg, default=None, metavar="SECONDS",
                    help="per-case limit (default 120; 0: none); a case over it is reported TIMEOUT, its worker "
                         "is killed and a new one resumes after that op's cases")
-    c.add_argument("--budget", type=_budget, default=None, metavar="SECONDS",
+    c.add_argument("--budget", type=budget_arg, default=None, metavar="SECONDS",
                    help="overall limit of the run; when it runs out the workers are stopped and the cases "
                         "left are reported NOT RUN (the results so far are printed and reported)")
-    c.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+    c.add_argument("--jobs", "-j", type=jobs_arg, default=1, metavar="N",
                    help="worker processes at once (default 1; 'auto': one per core); each backend's cases "
                         "are split into batches at op boundaries")
     c.add_argument("--in-process", action="store_true",

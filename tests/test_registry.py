@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_plugin
 
 import prism_core as pc
 from prism_core import BackendUnavailable, UnknownBackend, Unsupported
@@ -93,12 +94,7 @@ class Plugins:
     def add(self, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
         """Module ``module`` with ``source``, declared by distribution ``dist`` under
         entry-point name ``entry`` in group prism.backends."""
-        dist = dist or f"{module.replace('_', '-')}-plugin"
-        (self.root / f"{module}.py").write_text(source)
-        info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text(f"[{pc.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+        write_plugin(self.root, module, source, entry=entry, dist=dist)
         self.modules.append(module)
         pc.REGISTRY.reset()
 

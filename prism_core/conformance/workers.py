@@ -216,7 +216,7 @@ class Worker:
         try:
             _send(self.proc.stdin.fileno(), msg)
             return True
-        except OSError:  # the worker is gone; its exit status tells why
+        except (OSError, ValueError):  # the worker is gone (or closed); its exit status tells why
             return False
 
     def start(self, fingerprint_: str, deadline: float | None, stop: threading.Event | None) -> str:
@@ -258,8 +258,11 @@ class Worker:
             except _Eof:
                 return "crashed", self.death()
             except _Late:
-                self.kill()
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
                 where = _innermost(self._stderr_text())
+                self.close()
                 return ("budget", "") if by_budget else ("timeout", f"did not finish within {self.timeout:g} s"
                                                                     f"{'; it hung' + where if where else ''}")
             except _Stopped:
@@ -292,11 +295,14 @@ class Worker:
         return how + _innermost(text)
 
     def kill(self) -> None:
+        """End the worker now and release it (what it wrote to stderr is read first by callers
+        that report it)."""
         if self.proc.poll() is None:
             try:
                 self.proc.kill()
             except OSError:
                 pass
+            self.proc.wait()
         self.close()
 
     def close(self) -> None:
@@ -476,6 +482,37 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
            f"not run: the overall budget of {budget:g} s ran out" if state["budget"] else "not run")
     results = {b: [got[b].get(i) or CaseResult(c, b, NOT_RUN, why) for i, c in enumerate(cases)] for b in backends}
     return Outcome(results, interrupted=interrupted, out_of_budget=state["budget"])
+
+
+# ------------------------------------------------------------------ one case at a time, for pytest
+class SessionRunner:
+    """Workers kept for a whole pytest session, one per (backend, suite): each test asks for
+    one case. What crashed or hung is remembered for the session, so a hung op costs one
+    timeout, not one per test."""
+
+    def __init__(self, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._cases: dict[Suite, tuple[list, dict[str, int]]] = {}
+        self._runs: dict[tuple[str, Suite], BackendRun] = {}
+
+    def result(self, backend: str, suite: Suite, case: Any) -> CaseResult:
+        """The result of ``case`` (one of ``suite``'s cases, by name) on ``backend``."""
+        if suite not in self._cases:
+            cases = suite.cases()
+            self._cases[suite] = cases, {c.name: i for i, c in enumerate(cases)}
+        cases, index = self._cases[suite]
+        run = self._runs.get((backend, suite))
+        if run is None:
+            run = self._runs[backend, suite] = BackendRun(backend, suite, cases, self.timeout)
+        out: list[CaseResult] = []
+        run.run([index[case.name]], lambda i, r: out.append(r))
+        (r,) = out
+        return CaseResult(case, r.backend, r.status, r.message, r.err, r.bound, r.worst, r.detail)
+
+    def close(self) -> None:
+        for run in self._runs.values():
+            run.close()
+        self._runs.clear()
 
 
 # ------------------------------------------------------------------ the worker's side

@@ -1,0 +1,201 @@
+"""Crash-proof conformance: backends that kill or freeze their process, installed beside the built-ins.
+
+Three third-party distributions are installed into a folder on ``PYTHONPATH`` (as pip would
+install them), each a backend whose ADD kernel ends its process in a way no thread can
+contain, and whose MUL kernel is correct:
+
+* ``segv``: reads address 0 (SIGSEGV);
+* ``gilhang``: sleeps in C while holding the GIL (``ctypes.PyDLL``: no thread of the process
+  runs meanwhile, the watchdog of an in-process timeout included);
+* ``exits``: ``os._exit(3)``, as native code calling ``exit()`` would.
+
+``prism conformance --backend all`` must still print and report every built-in backend's
+results exactly as a clean run does, report each fault on its first ADD case (with the
+signal, or the exit status, and where), run MUL on each faulty backend in a new worker, and
+end in about one timeout for the hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import write_plugin
+
+import prism_core as pc
+from prism_core.conformance import cases_for
+
+FAULTY = textwrap.dedent('''
+    import ctypes
+    import os
+
+    import numpy as np
+    import prism_core as pc
+
+    _HOLDING_THE_GIL = ctypes.PyDLL(None)  # PyDLL: the GIL stays held during the call
+
+
+    def _segv(node):
+        ctypes.string_at(0)
+
+
+    def _gilhang(node):
+        _HOLDING_THE_GIL.sleep(3600)
+
+
+    def _exits(node):
+        os._exit(3)
+
+
+    def _mul(node):  # through the public value API: numpy() and set() convert bf16/f16
+        a, b = (s.numpy().reshape(tuple(reversed(s.ne))) for s in node.src[:2])
+        node.set(a * np.tile(b, tuple(x // y for x, y in zip(a.shape, b.shape))))
+
+
+    class Faulty(pc.Backend):
+        name = {name!r}
+        version = "fault"
+        kernels = {{"ADD": _{name}, "MUL": _mul}}
+
+
+    @pc.hookimpl
+    def prism_register_backends():
+        return [Faulty()]
+    ''')
+
+FAULTS = {  # backend -> what its first ADD case reports
+    "segv": ("crashed", "the worker process was killed by SIGSEGV"),
+    "gilhang": ("timeout", "did not finish within 4 s; it hung at "),
+    "exits": ("crashed", "the worker process exited with status 3"),
+}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("site")
+    for name in FAULTS:
+        write_plugin(root, f"prism_test_{name}", FAULTY.format(name=name), entry=name)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep))])}
+    env.pop(pc.registry.ENV_BACKEND, None)
+    return root, env
+
+
+def _conformance(env, tmp_path, *args, timeout=600):
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--op", "ADD", "--op", "MUL",
+                        "--report", "json", str(report), "--report", "markdown", str(tmp_path / "r.md"), *args],
+                       capture_output=True, text=True, env=env, timeout=timeout)
+    return r, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_the_faulty_plugin_really_holds_the_gil():
+    """The premise of the hang case: during a PyDLL call no other thread runs (a CDLL call,
+    which releases the GIL, lets one run)."""
+    code = textwrap.dedent('''
+        import ctypes, threading, time
+        ticks = [0]
+        def tick():
+            while True:
+                ticks[0] += 1
+                time.sleep(0.001)
+        threading.Thread(target=tick, daemon=True).start()
+        time.sleep(0.2)
+        for lib in (ctypes.PyDLL(None), ctypes.CDLL(None)):
+            before = ticks[0]
+            lib.usleep(500000)
+            print(ticks[0] - before)
+        ''')
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    held, released = (int(x) for x in r.stdout.split())
+    assert held <= 1 and released > 20, r.stdout
+
+
+def test_conformance_all_survives_segfault_gil_hang_and_exit(installed, tmp_path):
+    root, env = installed
+    clean_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    clean_env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    real = [i.name for i in pc.backends() if i.available]
+    r, clean = _conformance(clean_env, tmp_path, "--backend", "all")  # also warms numba's on-disk cache
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    r, rep = _conformance(env, tmp_path, "--backend", "all", "--timeout", "4")
+    out = r.stdout
+    assert r.returncode == 1, out + r.stderr  # failures, not a crash of the run (which would be < 0)
+    header = out.splitlines()[0].split()
+    assert header[0] == "op" and set(header[1:]) == set(real) | set(FAULTS)  # every backend has a column
+    by = {b["name"]: b for b in rep["backends"]}
+    assert set(by) == set(real) | set(FAULTS) and rep["complete"] is True
+    for name in real:  # the built-ins' results are exactly those of the clean run
+        (before,) = [b for b in clean["backends"] if b["name"] == name]
+        assert by[name]["ops"] == before["ops"] and by[name]["failures"] == [], name
+        assert f"{name}: {before['summary']['passed']} passed, 0 failed" in out
+    n_add, n_mul = len(cases_for("ADD")), len(cases_for("MUL"))
+    for name, (status, expect) in FAULTS.items():
+        b = by[name]
+        first, *rest = b["failures"]
+        assert first["op"] == "ADD" and first["status"] == status and expect in first["message"], first
+        assert len(rest) == n_add - 1 and all(f["message"].startswith("not run: an earlier case of ADD")
+                                              for f in rest), name
+        assert b["summary"][status] == n_add, name
+        assert b["ops"]["MUL"] == {**b["ops"]["MUL"], "status": "ok", "passed": n_mul}, name  # a new worker ran it
+        assert f"{first['name']} on {name}: {status.upper()}" in out
+    assert "prism_test_segv.py" in by["segv"]["failures"][0]["message"] or \
+        "string_at" in by["segv"]["failures"][0]["message"]  # faulthandler's innermost frame
+    assert "prism_test_gilhang.py" in by["gilhang"]["failures"][0]["message"]  # where it hung
+    assert f"segv: {n_mul} passed, 0 failed, 0 unsupported cases, 0 timed out, {n_add} crashed" in out
+    assert f"FAIL {n_add}/{n_add} ({n_add} crashed)" in out and f"FAIL {n_add}/{n_add} ({n_add} timeout)" in out
+    md = (tmp_path / "r.md").read_text()
+    assert "| segv | fault |" in md and f"| 0 | {n_add} | 0 |" in md
+    assert "SIGSEGV" in r.stderr  # the crash is announced as it happens
+
+
+def test_budget_stops_the_run_and_keeps_the_results(installed, tmp_path):
+    _, env = installed
+    r, rep = _conformance(env, tmp_path, "--backend", "numpy", "--backend", "gilhang", "--timeout", "60",
+                          "--budget", "8")
+    assert r.returncode == 1, r.stdout + r.stderr
+    by = {b["name"]: b for b in rep["backends"]}
+    assert by["numpy"]["summary"]["passed"] == len(cases_for("ADD")) + len(cases_for("MUL"))
+    hung = by["gilhang"]["summary"]
+    assert hung["not_run"] == len(cases_for("ADD")) + len(cases_for("MUL")) and hung["passed"] == 0
+    assert rep["complete"] is False and rep["incomplete_reason"] == "the overall budget of 8 s ran out"
+    assert "incomplete run: the overall budget of 8 s ran out" in r.stdout
+    assert "**Incomplete run**" in (tmp_path / "r.md").read_text()
+
+
+def test_jobs_give_the_same_results(installed, tmp_path):
+    _, env = installed
+    _, one = _conformance(env, tmp_path, "--backend", "numpy", "--backend", "segv")
+    _, two = _conformance(env, tmp_path, "--backend", "numpy", "--backend", "segv", "--jobs", "3")
+    assert two["jobs"] == 3
+    strip = [{k: b[k] for k in ("name", "summary", "ops")} for b in one["backends"]]
+    assert strip == [{k: b[k] for k in ("name", "summary", "ops")} for b in two["backends"]]
+
+
+def test_pytest_plugin_survives_a_crashing_backend_under_xdist(installed, tmp_path):
+    _, env = installed
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--pyargs",
+                        "prism_core.conformance", "-k", "test_conformance", "--prism-backend", "numpy",
+                        "--prism-backend", "segv", "--prism-op", "ADD", "--prism-op", "MUL"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    n_add, n_mul = len(cases_for("ADD")), len(cases_for("MUL"))
+    assert f"{n_add} failed, {2 * n_mul + n_add} passed" in r.stdout, r.stdout[-3000:] + r.stderr
+    assert "CRASHED: the worker process was killed by SIGSEGV" in r.stdout
+    assert "not run: an earlier case of ADD" in r.stdout
+
+
+def test_pytest_plugin_hang_costs_one_timeout(installed, tmp_path):
+    _, env = installed
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+                        "prism_core.conformance", "-k", "test_conformance", "--prism-backend", "gilhang",
+                        "--prism-op", "ADD", "--prism-timeout", "3"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    n_add = len(cases_for("ADD"))
+    assert f"{n_add} failed" in r.stdout, r.stdout[-3000:] + r.stderr
+    assert r.stdout.count("TIMEOUT: did not finish within 3 s") == 1  # the first case; the rest: not run
+    assert r.stdout.count("TIMEOUT: not run: an earlier case of ADD") == n_add - 1
