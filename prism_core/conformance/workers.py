@@ -568,12 +568,11 @@ def serve(parent: int) -> None:
             return
         if msg[0] == "stop":
             return
+        if timeout:  # where a hang is: dumped more often than the timeout, so before the parent kills this worker
+            faulthandler.dump_traceback_later(max(timeout - 1.0, timeout / 2), repeat=True)
         for i in msg[1]:
-            if timeout:  # where a hang is, written before the parent kills this worker
-                faulthandler.dump_traceback_later(max(timeout - 1.0, timeout / 2), exit=False)
             r = one(cases[i])
-            if timeout:
-                faulthandler.cancel_dump_traceback_later()
             _send(chan, ("result", i, {"status": r.status, "message": r.message, "err": r.err, "bound": r.bound,
                                        "worst": r.worst, "detail": r.detail}))
+        faulthandler.cancel_dump_traceback_later()
         _send(chan, ("done",))
