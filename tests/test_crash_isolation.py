@@ -144,6 +144,7 @@ def test_conformance_all_survives_segfault_gil_hang_and_exit(installed, tmp_path
         assert b["summary"][status] == n_add, name
         assert b["ops"]["MUL"] == {**b["ops"]["MUL"], "status": "ok", "passed": n_mul}, name  # a new worker ran it
         assert f"{first['name']} on {name}: {status.upper()}" in out
+        assert "nb=" in first["detail"], name  # the case's tensors, though the worker never answered
     assert "prism_test_segv.py" in by["segv"]["failures"][0]["message"] or \
         "string_at" in by["segv"]["failures"][0]["message"]  # faulthandler's innermost frame
     assert "prism_test_gilhang.py" in by["gilhang"]["failures"][0]["message"]  # where it hung
@@ -199,3 +200,90 @@ def test_pytest_plugin_hang_costs_one_timeout(installed, tmp_path):
     assert f"{n_add} failed" in r.stdout, r.stdout[-3000:] + r.stderr
     assert r.stdout.count("TIMEOUT: did not finish within 3 s") == 1  # the first case; the rest: not run
     assert r.stdout.count("TIMEOUT: not run: an earlier case of ADD") == n_add - 1
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker through /proc")
+def test_ctrl_c_prints_and_reports_what_finished_and_stops_the_workers(installed, tmp_path):
+    import signal
+    import time
+    _, env = installed
+    report = tmp_path / "report.json"
+    p = subprocess.Popen([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "gilhang", "--op", "ADD",
+                          "--op", "MUL", "--timeout", "300", "--report", "json", str(report)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    workers: list[int] = []
+    for _ in range(600):  # the worker is up (and soon stuck in its first ADD case)
+        workers = _children(p.pid)
+        if workers or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert workers, p.communicate()
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    assert "Traceback" not in err and "incomplete run: interrupted" in out
+    assert "gilhang: 0 passed, 0 failed, 0 unsupported cases, 0 timed out" in out
+    rep = json.loads(report.read_text())
+    assert rep["complete"] is False and rep["incomplete_reason"] == "interrupted"
+    (b,) = rep["backends"]
+    assert b["summary"]["not_run"] == len(cases_for("ADD")) + len(cases_for("MUL"))
+    assert {f["message"] for f in b["failures"]} == {"not run: interrupted"}
+    for w in workers:  # the stuck worker was killed, not left behind
+        assert not os.path.exists(f"/proc/{w}") or open(f"/proc/{w}/stat").read().split()[2] == "Z"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--timeout", "-1"], "argument --timeout: must be a finite number of seconds >= 0, got '-1'"),
+    (["--timeout", "nan"], "argument --timeout: must be a finite number of seconds >= 0, got 'nan'"),
+    (["--timeout", "inf"], "argument --timeout: must be a finite number of seconds >= 0, got 'inf'"),
+    (["--timeout", "1e300"], "argument --timeout: must be at most 1e+06 seconds (0: no limit), got '1e300'"),
+    (["--timeout", "soon"], "argument --timeout: not a number of seconds: 'soon'"),
+    (["--seed", "-1", "--random", "2"], "argument --seed: must be at least 0, got -1"),
+    (["--random", "0"], "argument --random: must be at least 1, got 0"),
+    (["--budget", "0"], "argument --budget: must be more than 0 seconds"),
+    (["--budget", "-5"], "argument --budget: must be a finite number of seconds >= 0, got '-5'"),
+    (["--jobs", "0"], "argument --jobs/-j: must be at least 1, got 0"),
+    (["--jobs", "many"], "argument --jobs/-j: not an integer: 'many'"),
+])
+def test_bad_arguments_are_usage_errors(capsys, argv, message):
+    from prism_core.cli import main as cli
+    with pytest.raises(SystemExit) as e:
+        cli(["conformance", "--backend", "numpy", "--op", "ADD", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: prism conformance") and f"prism conformance: error: {message}" in err
+    assert "Traceback" not in err
+
+
+def test_bad_pytest_options_are_usage_errors(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+                        "prism_core.conformance", "--prism-backend", "numpy", "--prism-timeout", "nan"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 4, r.stdout + r.stderr  # pytest's exit status for a usage error
+    assert "argument --prism-timeout: must be a finite number of seconds >= 0, got 'nan'" in r.stderr
+
+
+def test_batches_cut_at_op_boundaries():
+    from prism_core.conformance.workers import Suite, _batches
+    cases = Suite(ops=("ADD", "MUL", "SOFT_MAX", "SQRT")).cases()
+    assert _batches(cases, 1) == [list(range(len(cases)))]
+    for n in (2, 3, 8):
+        batches = _batches(cases, n)
+        assert [i for b in batches for i in b] == list(range(len(cases)))  # every case once, in order
+        for b, after in zip(batches, batches[1:]):
+            assert cases[b[-1]].key != cases[after[0]].key  # no op is split between two batches
+        assert 1 < len(batches) <= 4

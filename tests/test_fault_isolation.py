@@ -112,11 +112,28 @@ class _SupportsRaises(pc.Backend):
         raise KeyError("supports() exploded")
 
 
+def _faulty_backends() -> list[pc.Backend]:
+    return [_Faulty(n, k) for n, (k, _) in FAULTS.items()] + [_SupportsRaises()]
+
+
 def _plugin() -> types.ModuleType:
+    """A module built in memory: a worker process cannot load it, so the CLI runs its backends
+    in-process (worker threads)."""
     mod = types.ModuleType("prism_test_faults")
-    mod.prism_register_backends = pc.hookimpl(
-        lambda: [_Faulty(n, k) for n, (k, _) in FAULTS.items()] + [_SupportsRaises()])
+    mod.prism_register_backends = pc.hookimpl(_faulty_backends)
     return mod
+
+
+class FaultsPlugin:
+    """The same plugin as a picklable object (its class is importable from this test module):
+    the CLI runs its backends in worker processes."""
+
+    @pc.hookimpl
+    def prism_register_backends(self) -> list[pc.Backend]:
+        return _faulty_backends()
+
+
+PLUGIN_FORMS = {"in-process": _plugin, "worker-process": FaultsPlugin}
 
 
 @pytest.fixture
@@ -139,17 +156,19 @@ def _report(tmp_path, argv) -> tuple[int, dict]:
     return rc, json.loads(path.read_text())
 
 
-def test_every_fault_is_reported_per_case_and_the_real_backends_stand(faulty, tmp_path, capsys):
+@pytest.mark.parametrize("form", list(PLUGIN_FORMS))
+def test_every_fault_is_reported_per_case_and_the_real_backends_stand(faulty, tmp_path, capsys, form):
     pc.REGISTRY.unregister("prism_test_faults")  # a clean run first, for comparison
     real = _real_backends()
     rc, clean = _report(tmp_path, ["--backend", "all", "--op", "ADD", "--op", "MUL"])
     assert rc == 0
-    pc.REGISTRY.register(_plugin(), "prism_test_faults")
+    pc.REGISTRY.register(PLUGIN_FORMS[form](), "prism_test_faults")
     capsys.readouterr()
 
     rc, rep = _report(tmp_path, ["--backend", "all", "--op", "ADD", "--op", "MUL", "--timeout", "2"])
     out = capsys.readouterr().out
     assert rc == 1
+    assert ("running f_raises in this process" in out) == (form == "in-process")
     by = {b["name"]: b for b in rep["backends"]}
     assert set(by) == set(real) | set(FAULTS) | {"f_supports"}
     for name in real:  # the real backends' results are exactly those of the clean run
@@ -267,3 +286,13 @@ def test_incompatible_interface_is_reported_not_half_loaded(monkeypatch, capsys)
         pc.REGISTRY.unregister("prism_test_future")
     assert "future" not in [i.name for i in pc.backends()]
     assert sys.modules.get("prism_test_future") is None
+
+
+def test_in_process_run_stops_at_the_deadline(faulty):
+    import time
+
+    from prism_core.conformance.runner import NOT_RUN
+    cases = cases_for("ADD")[:3]
+    results = run(pc.backend("numpy"), cases, deadline=time.monotonic() - 1)
+    assert [r.status for r in results] == [NOT_RUN] * 3 and results[0].failed
+    assert results[0].message == "not run: the overall budget ran out"

@@ -274,6 +274,19 @@ def _build(case: Case, guard: int) -> tuple[Context, Graph, Built]:
     return ctx, Graph().expand(built.out), built
 
 
+def case_detail(case: Any) -> str:
+    """The tensors of a forward case as run_case describes them ("" for other cases), for a
+    case whose run ended without a result (its worker crashed or was killed)."""
+    if not isinstance(case, Case):
+        return ""
+    try:
+        _, _, built = _build(case, 0)
+    except Exception:  # noqa: BLE001 - a description is optional
+        return ""
+    out = built.out
+    return describe_node(out) if out.opdef is not None and not out.opdef.view_only else ""
+
+
 def _outputs(built: Built) -> list[np.ndarray]:
     return [t.numpy() for t in (built.out, *built.extra)]
 

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .runner import CRASHED, DEFAULT_TIMEOUT, NOT_RUN, TIMEOUT, CaseResult
+from .runner import CRASHED, DEFAULT_TIMEOUT, NOT_RUN, TIMEOUT, CaseResult, case_detail
 
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to import Prism and the backend (a loaded machine is slow)
 _POLL = 0.25  # seconds between checks for a stop request while waiting on a worker
@@ -379,7 +379,7 @@ class BackendRun:
             case = self.cases[i]
             status = CRASHED if what == "crashed" else TIMEOUT
             text = f"{why} while computing this case" if status == CRASHED else why
-            record(i, CaseResult(case, self.backend, status, text))
+            record(i, CaseResult(case, self.backend, status, text, detail=case_detail(case)))
             verb = "crashed the worker" if status == CRASHED else "timed out on this backend"
             self.skip[case.key] = (status, f"not run: an earlier case of {case.key} ({case.desc}) {verb}")
             self._event(f"{self.backend}: {case.name}: {status.upper()}: {text}; "
