@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrismError as e:
         print(f"prism: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before or after the run proper (which reports what finished)
+        print("prism: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -438,7 +438,7 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
     stop = threading.Event()
     state = {"budget": False}
 
-    def slot() -> None:
+    def slot(finished: threading.Event) -> None:
         current: BackendRun | None = None
         try:
             while not stop.is_set():
@@ -461,23 +461,24 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
         finally:
             if current is not None:
                 current.close()
+            finished.set()
 
     # Each worker is started and ended by the same thread (a worker dies with the thread
-    # that started it: see serve()).
-    threads = [threading.Thread(target=slot, name=f"prism-conformance-slot-{k}", daemon=True)
-               for k in range(max(1, min(jobs, len(work))))]
-    for t in threads:
-        t.start()
+    # that started it: see serve()). The main thread waits on events, not Thread.join: a
+    # Ctrl-C inside join marks a running thread as finished on Python 3.11.
+    finished = [threading.Event() for _ in range(max(1, min(jobs, len(work))))]
+    for k, done in enumerate(finished):
+        threading.Thread(target=slot, args=(done,), name=f"prism-conformance-slot-{k}", daemon=True).start()
     interrupted = False
     try:
-        for t in threads:
-            while t.is_alive():
-                t.join(_POLL)
+        for done in finished:
+            while not done.wait(_POLL):
+                pass
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
-        for t in threads:
-            t.join()
+        for done in finished:
+            done.wait()
     why = ("not run: interrupted" if interrupted else
            f"not run: the overall budget of {budget:g} s ran out" if state["budget"] else "not run")
     results = {b: [got[b].get(i) or CaseResult(c, b, NOT_RUN, why) for i, c in enumerate(cases)] for b in backends}
