@@ -56,7 +56,9 @@ def make_ffi(sanitize: bool | None = None, openmp: bool | None = None, relative:
     ffi.set_source(MODULE, '#include "csimd.h"', sources=[str(src_dir / "csimd.c")], include_dirs=[str(src_dir)],
                    # this script too: a changed build rebuilds, and sdists carry it (setup.py needs it)
                    depends=[str(src_dir / n) for n in ("csimd.h", "csimd_common.h", "csimd_impl.h", "csimd_attn.h",
-                                                       "csimd_rope.h", "csimd_pool.h", "build_csimd.py")],
+                                                       "csimd_rope.h", "csimd_pool.h", "csimd_quant.h",
+                                                       "csimd_quant_impl.h", "csimd_quant_api.h", "csimd_iq_tables.h",
+                                                       "build_csimd.py")],
                    extra_compile_args=cflags, extra_link_args=ldflags, libraries=["m"])
     return ffi
 

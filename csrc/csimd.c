@@ -790,3 +790,5 @@ int csimd_im2col_back(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, 
     CALL(im2col_back, is2d, s0, s1, p0, p1, d0, d1, KH, KW, g, d, nth)
     return 0;
 }
+
+#include "csimd_quant_api.h" /* the quantized kernels' entry points */

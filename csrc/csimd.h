@@ -5,7 +5,7 @@
 
 /* bumped with every change of a function's signature or meaning: the Python side refuses a build
    from other sources (same names, other arguments) instead of calling it wrongly */
-#define CSIMD_ABI_VERSION 2
+#define CSIMD_ABI_VERSION 3
 
 /* element types */
 #define CSIMD_F32 0
@@ -13,6 +13,7 @@
 #define CSIMD_BF16 2
 #define CSIMD_I32 3
 #define CSIMD_I64 4 /* COUNT_EQUAL's result only */
+#define CSIMD_QBASE 64 /* a quantized block format: CSIMD_QBASE + its ggml type id (Q4_0 = 66, ...) */
 
 /* A strided 4-D tensor view, ggml order: ne[0] innermost; nb in bytes.
    The Python side validates that every addressed byte lies inside the buffer. */
@@ -79,4 +80,18 @@ int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t
 int csimd_upscale(int bilinear, int align_corners, const csimd_tensor *a, const csimd_tensor *d, int nth);
 int csimd_im2col_back(int is2d, int64_t s0, int64_t s1, int64_t p0, int64_t p1, int64_t d0, int64_t d1, int64_t KH,
                       int64_t KW, const csimd_tensor *g, const csimd_tensor *d, int nth);
+/* quantized block formats (csimd_quant*.h); t below is a ggml type id */
+int csimd_q_isa(void);          /* the path the quantized kernels run: AVX-512 needs BW and VNNI too */
+int csimd_q_info(int t, int *block_elems, int *block_bytes, int *has_quantizer);
+int csimd_q_dequantize(int t, const void *src, float *dst, int64_t n, int nth);
+int csimd_q_quantize(int t, int mode, const float *src, void *dst, int64_t n, int nth);
+int csimd_q_vec_dot(int wt, const void *w, int at, const void *a, int64_t k, int64_t rows, float *out);
+int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int at, int nth);
+int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,
+                       int at, int nth);
+int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth);
+int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth);
+int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth);
+int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
+int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth);
 #endif

@@ -1282,6 +1282,7 @@ ATTR static void FN(group_norm)(int64_t n_groups, float eps, const csimd_tensor 
 #include "csimd_attn.h" /* FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D */
 #include "csimd_rope.h" /* ROPE, ROPE_BACK, UPSCALE, IM2COL_BACK */
 #include "csimd_pool.h" /* POOL_1D, POOL_2D, IM2COL */
+#include "csimd_quant_impl.h" /* quantized block formats: decoders, integer dot products, mul_mat */
 #undef NV
 #undef KC
 #undef NCB

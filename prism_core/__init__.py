@@ -15,7 +15,7 @@ Quick start::
 
 from __future__ import annotations
 
-from . import build, ops, optable, types
+from . import build, ops, optable, quant, types
 from .autodiff import build_backward, reset
 from .backend import Backend, Kernel
 from .build import *  # noqa: F403 - the graph-building functions are the public API
@@ -25,8 +25,10 @@ from .errors import (
                      BackendUnavailable,
                      BoundExceeded,
                      InvalidArgument,
+                     MalformedFile,
                      PluginError,
                      PrismError,
+                     ReadOnlyTensor,
                      ShapeMismatch,
                      TypeMismatch,
                      UnknownBackend,
@@ -44,3 +46,10 @@ from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType
 
 __version__ = "0.1.0"
 from . import train  # noqa: E402  - training as in ggml-opt (prism_core.train)
+
+
+def __getattr__(name: str):
+    if name == "gguf":  # GGUF files (prism_core.gguf), imported on first use: the gguf package takes 0.1 s
+        import importlib
+        return importlib.import_module(".gguf", __name__)
+    raise AttributeError(f"module 'prism_core' has no attribute {name!r}")

@@ -85,8 +85,10 @@ def _expand(graph: Graph, accs: dict[Tensor, Tensor]) -> None:
         for i, s in enumerate(node.src):
             if s is not None and id(s) in needed and _needs_grad_source(node, i):
                 if s.type not in (F32, F16):
+                    frozen = ("; quantization is not differentiable: keep block-type weights frozen and train "
+                              "f32 tensors beside them (a LoRA-style adapter)") if s.traits.is_quantized else ""
                     raise TypeMismatch(f"build_backward: {s.label} needs a gradient but has type "
-                                       f"{s.traits.name}; only f32 and f16 tensors are differentiable")
+                                       f"{s.traits.name}; only f32 and f16 tensors are differentiable{frozen}")
                 needs = True
         if not needs:
             continue

@@ -15,6 +15,7 @@ from typing import ClassVar
 from .errors import Unsupported
 from .hookspecs import INTERFACE_VERSION
 from .tensor import Tensor
+from .types import GGMLType
 
 Kernel = Callable[[Tensor], None]
 
@@ -27,6 +28,10 @@ class Backend:
     interface_version: ClassVar[int] = INTERFACE_VERSION
     is_reference: ClassVar[bool] = False  # the ground truth that others fall back to
     kernels: Mapping[str, Kernel] = {}
+    # Block (quantized) types the kernels in ``kernels`` read and write. The default supports()
+    # refuses a node with any other block type among its sources or result, so a backend written
+    # before the op table accepted block types never claims them by accident.
+    block_types: ClassVar[frozenset[GGMLType]] = frozenset()
 
     def availability(self) -> tuple[bool, str]:
         """(usable here, reason when not)."""
@@ -49,16 +54,23 @@ class Backend:
             return False
         if refused is None:
             d = node.opdef
-            return d is not None and d.key in self.kernels
+            return d is not None and d.key in self.kernels and not self._block_type_refusal(node)
         return not refused
 
     def why_unsupported(self, node: Tensor) -> str:
         """Why ``supports(node)`` is False, for reports and errors ("" when there is nothing to
         add to "not supported"). Must not raise."""
         try:
-            return self.refusal(node) or ""
+            refused = self.refusal(node)
+            return refused if refused is not None else self._block_type_refusal(node)
         except Exception as e:  # noqa: BLE001
             return f"the refusal check raised {type(e).__name__}: {e}"
+
+    def _block_type_refusal(self, node: Tensor) -> str:
+        for t in (node, *node.src):
+            if t is not None and t.traits.is_quantized and t.type not in self.block_types:
+                return f"{t.traits.name} data (the backend's block_types do not include it)"
+        return ""
 
     def prepare(self, node: Tensor) -> Callable[[], None] | None:
         """Optional: a zero-argument callable computing ``node`` with everything resolved

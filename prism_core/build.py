@@ -65,6 +65,8 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         a = srcs[0]
         assert isinstance(out, Out) and out.ne == a.ne and out.type == a.type, d.key
         out = ViewOut(a, a.type, a.ne, a.nb)
+    if isinstance(out, ViewOut) and not d.view_only:  # the result's memory is out.of's: it writes there
+        out.of.check_writable(f"{d.key}{' (in place)' if inplace else ''}")
     try:
         if isinstance(out, ViewOut):
             result = ctx.new_view(out.of, out.type, out.ne, out.nb, out.offset)

@@ -1,4 +1,4 @@
-"""The ``prism`` command: info, ops, conformance, demo."""
+"""The ``prism`` command: info, ops, conformance, demo, gguf."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_ops(args: argparse.Namespace) -> int:
     from .build import builders_for
-    from .optable import OPS
+    from .optable import OPS, describe_types
     for d in OPS.values():
         srcs = ", ".join(f"{s.name}{'?' if s.optional else ''}" for s in d.srcs)
         params = ", ".join(p.name + ("" if p.required else f"={p.default!r}") for p in d.params)
@@ -53,6 +53,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
         print(f"{d.key:<24} {d.op.name}={int(d.op):<3} ({srcs})" + (f" [{params}]" if params else "")
               + (f" {{{', '.join(flags)}}}" if flags else ""))
         print(f"{'':<24} {d.doc}; builders: {', '.join(builders_for(d)) or 'node(' + repr(d.key) + ', ...)'}")
+        print(f"{'':<24} types: " + "; ".join(f"{s.name}: {describe_types(s.types)}" for s in d.srcs))
         if d.differentiable:
             print(f"{'':<24} gradient for: {', '.join(k for k, r in d.grad.items() if r != 'ignore')}"
                   + (f" (not: {d.nograd})" if d.nograd else ""))
@@ -234,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")
     d.set_defaults(func=cmd_demo)
+    from . import cli_run
+    cli_run.add_parser(sub)
+    from .cli_gguf import add_parser as add_gguf_parser
+    add_gguf_parser(sub)
+    from .tokenizer.cli import add_parser as add_tokenize
+    add_tokenize(sub)
     args = p.parse_args(argv)
     if getattr(args, "report", None):
         for fmt, _ in args.report:

@@ -21,12 +21,18 @@ import numpy as np
 from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .params import Param
+from .quant import can_quantize
 from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of
 from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 ANY_PLAIN = PLAIN_TYPES
+# Block types: those Prism decodes, those it also encodes (ggml's reference quantizer), and the
+# weight types of ggml's quantized dot products (Q8_1 and Q8_K only ever hold activations there).
+QUANTIZED = frozenset(t for t in GGMLType if traits(t).is_quantized and traits(t).usable)
+QUANT_WRITABLE = frozenset(t for t in QUANTIZED if can_quantize(t))
+QUANT_WEIGHTS = QUANTIZED - {GGMLType.Q8_1, GGMLType.Q8_K}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -87,6 +93,17 @@ class OpDef:
     @property
     def n_required(self) -> int:
         return sum(not s.optional for s in self.srcs)
+
+
+def describe_types(types: frozenset[GGMLType]) -> str:
+    """Type names for docs and ``prism ops``: plain types listed, block types named by group."""
+    plain = sorted(traits(t).name for t in types if not traits(t).is_quantized)
+    blocks = frozenset(t for t in types if traits(t).is_quantized)
+    group = {QUANTIZED: "every block type", QUANT_WRITABLE: "block types with a quantizer",
+             QUANT_WEIGHTS: "block weight types"}.get(blocks)
+    if blocks and group is None:
+        group = " ".join(sorted(traits(t).name for t in blocks))
+    return " ".join(plain) + (f" + {group}" if blocks else "")
 
 
 OPS: dict[str, OpDef] = {}
@@ -151,6 +168,14 @@ def _broadcast_rule(d, s, p):
         _fail(d, f"b (ne={list(b.ne)}) does not broadcast into a (ne={list(a.ne)}): "
                  "each of a's extents must be a multiple of b's")
     return Out(a.type, a.ne)
+
+
+def _add_rule(d, s, p):
+    """ggml's add_q_f32: a quantized a is dequantized, b (f32, same shape) added, the sum requantized."""
+    if traits(s["a"].type).is_quantized:
+        _quantized_needs_f32(d, s, "a", "b")
+        _same_shape(d, s, "a", "b")
+    return _broadcast_rule(d, s, p)
 
 
 def _add1_rule(d, s, p):
@@ -222,8 +247,16 @@ def _pair_rule(first: str, second: str) -> Rule:
     return rule
 
 
+def _quantized_needs_f32(d: OpDef, s: Mapping[str, Tensor | None], q: str, other: str) -> None:
+    """ggml's CPU backend computes a block-type source ``q`` only against F32 ``other``."""
+    if traits(s[q].type).is_quantized and s[other].type != F32:
+        _fail(d, f"source {q!r} is quantized ({traits(s[q].type).name}), so {other!r} must be f32, "
+                 f"got {traits(s[other].type).name}", TypeMismatch)
+
+
 def _mul_mat_rule(d, s, p):
     a, b = s["a"], s["b"]
+    _quantized_needs_f32(d, s, "a", "b")
     if a.ne[0] != b.ne[0]:
         _fail(d, f"inner extents differ: a.ne[0]={a.ne[0]}, b.ne[0]={b.ne[0]} "
                  "(ggml convention: result[m, n] = sum_k a[k, m] * b[k, n])")
@@ -236,6 +269,7 @@ def _mul_mat_rule(d, s, p):
 
 def _out_prod_rule(d, s, p):
     a, b = s["a"], s["b"]
+    _quantized_needs_f32(d, s, "a", "b")
     if a.ne[1] != b.ne[1]:
         _fail(d, f"a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]} (the summed dim)")
     if not (divides(a.ne[2], b.ne[2]) and divides(a.ne[3], b.ne[3])):
@@ -252,15 +286,32 @@ def _target_ne(d: OpDef, a: Tensor, ne: tuple[int, ...]) -> tuple[int, int, int,
     return full
 
 
+def _conversion_rule(d: OpDef, a: Tensor, to: GGMLType) -> None:
+    """Block types convert to and from F32 only (ggml's to_float / from_float); a copy between
+    two tensors of one block type moves the blocks unchanged."""
+    qa, qt = traits(a.type).is_quantized, traits(to).is_quantized
+    if (qa or qt) and a.type != to and F32 not in (a.type, to):
+        _fail(d, f"{traits(a.type).name} -> {traits(to).name}: block types convert to and from f32 only",
+              TypeMismatch)
+    if qt and a.type != to and to not in QUANT_WRITABLE:
+        _fail(d, f"no quantizer for {traits(to).name} (it needs an importance matrix)", TypeMismatch)
+
+
 def _cpy_rule(d, s, p):
     a, b = s["a"], s["b"]
     if a.nelements != b.nelements:
         _fail(d, f"a has {a.nelements} elements, the target b has {b.nelements}")
+    _conversion_rule(d, a, b.type)
     return ViewOut(b, b.type, b.ne, b.nb)
 
 
 def _cont_rule(d, s, p):
-    return Out(s["a"].type, _target_ne(d, s["a"], p["ne"]))
+    a = s["a"]
+    ne = _target_ne(d, a, p["ne"])
+    blck = traits(a.type).blck_size
+    if ne[0] % blck:
+        _fail(d, f"new ne[0]={ne[0]} must be a multiple of {traits(a.type).name}'s block size {blck}")
+    return Out(a.type, ne)
 
 
 def _reshape_rule(d, s, p):
@@ -606,7 +657,7 @@ A = (Src("a", FLOATS),)
 AB = (Src("a", FLOATS), Src("b", FLOATS))
 EPS = (Param("eps", float, 0.0, min=0.0, doc="added to the variance / mean square"),)
 
-define("DUP", Op.DUP, (Src("a", ANY_PLAIN),), same_as(), "copy of a", inplace=True,
+define("DUP", Op.DUP, (Src("a", ANY_PLAIN | QUANTIZED),), same_as(), "copy of a", inplace=True,
        grad={"a": lambda B, n, g: g})
 _BINARY_GRADS = {
     Op.ADD: {"a": lambda B, n, g: g, "b": lambda B, n, g: _unbroadcast(B, g, n.src[1])},
@@ -617,7 +668,11 @@ _BINARY_GRADS = {
              "b": lambda B, n, g: _unbroadcast(B, B.neg(B.mul(g, B.div(n, n.src[1]))), n.src[1])},
 }
 for _op, _f in ((Op.ADD, "a + b"), (Op.SUB, "a - b"), (Op.MUL, "a * b"), (Op.DIV, "a / b")):
-    define(_op.name, _op, AB, _broadcast_rule, f"{_f}, b broadcast into a by modulo indexing",
+    _add = _op == Op.ADD
+    define(_op.name, _op, (Src("a", FLOATS | QUANT_WRITABLE), Src("b", FLOATS)) if _add else AB,
+           _add_rule if _add else _broadcast_rule,
+           f"{_f}, b broadcast into a by modulo indexing"
+           + ("; a quantized a: dequantized, b (f32, same shape) added, requantized to a's type" if _add else ""),
            inplace=True, family="binary", grad=_BINARY_GRADS[_op])
 define("ADD1", Op.ADD1, AB, _add1_rule, "a + b, b a one-element tensor", inplace=True,
        grad={"a": lambda B, n, g: g, "b": lambda B, n, g: _like(B, B.sum(g), n.src[1])})
@@ -673,34 +728,39 @@ define("GROUP_NORM", Op.GROUP_NORM, (Src("a", ONLY_F32),), same_as(),
        params=(Param("n_groups", int, min=1, max=INT32_MAX), Param("eps", float, 1e-6, min=0.0)), inplace=True)
 define("L2_NORM", Op.L2_NORM, (Src("a", ONLY_F32),), same_as(), "x / max(||x||_2, eps) per row",
        params=(Param("eps", float, 0.0, min=0.0, doc="lower bound of the row norm"),), inplace=True)
-define("MUL_MAT", Op.MUL_MAT, AB, _mul_mat_rule,
-       "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise", nmse=5e-4,
+QAB = (Src("a", FLOATS | QUANT_WEIGHTS), Src("b", FLOATS))
+define("MUL_MAT", Op.MUL_MAT, QAB, _mul_mat_rule,
+       "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise; a quantized a needs an f32 b "
+       "(the reference uses a's dequantized values)", nmse=5e-4,
        grad={"a": _mul_mat_grad_a, "b": lambda B, n, g: B.out_prod(n.src[0], B.transpose(g))})
-define("OUT_PROD", Op.OUT_PROD, AB, _out_prod_rule,
+define("OUT_PROD", Op.OUT_PROD, QAB, _out_prod_rule,
        "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
 define("SCALE", Op.SCALE, A, same_as(), "x * s + b",
        params=(Param("s", float), Param("b", float, 0.0)), inplace=True, family="unary",
        grad={"a": lambda B, n, g: B.scale(g, n.params["s"])})
-define("CPY", Op.CPY, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _cpy_rule,
-       "a's elements, in row-major order, converted and written into b; the result is b", nmse=1e-6,
+define("CPY", Op.CPY, (Src("a", ANY_PLAIN | QUANTIZED), Src("b", ANY_PLAIN | QUANTIZED)), _cpy_rule,
+       "a's elements, in row-major order, converted and written into b; the result is b (block types: "
+       "f32 -> quantized with ggml's reference quantizer, quantized -> f32 dequantized, same type: blocks copied)",
+       nmse=1e-6,
        grad={"a": lambda B, n, g: _like(B, g, n.src[0]), "b": IGNORE})
-define("CONT", Op.CONT, (Src("a", ANY_PLAIN),), _cont_rule,
+define("CONT", Op.CONT, (Src("a", ANY_PLAIN | QUANTIZED),), _cont_rule,
        "contiguous copy of a, optionally with a new shape of equal element count",
        params=(Param("ne", tuple, ()),), grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
-define("RESHAPE", Op.RESHAPE, (Src("a", ANY_PLAIN),), _reshape_rule,
+define("RESHAPE", Op.RESHAPE, (Src("a", ANY_PLAIN | QUANTIZED),), _reshape_rule,
        "view of contiguous a with a new shape", params=(Param("ne", tuple),), view_only=True,
        grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
-define("VIEW", Op.VIEW, (Src("a", ANY_PLAIN),), _view_rule,
+define("VIEW", Op.VIEW, (Src("a", ANY_PLAIN | QUANTIZED),), _view_rule,
        "view of a's memory with extents ne, strides (elem, nb1, nb2, nb3), byte offset",
        params=(Param("ne", tuple), Param("nb", tuple), Param("offset", int, 0, min=0)), view_only=True,
        grad={"a": _view_grad})
-define("PERMUTE", Op.PERMUTE, (Src("a", ANY_PLAIN),), _permute_rule,
+define("PERMUTE", Op.PERMUTE, (Src("a", ANY_PLAIN | QUANTIZED),), _permute_rule,
        "view with source dim k moved to position axes[k]",
        params=(Param("axes", tuple, length=4),), view_only=True, grad={"a": _inverse_permute})
-define("TRANSPOSE", Op.TRANSPOSE, (Src("a", ANY_PLAIN),), _transpose_rule,
+define("TRANSPOSE", Op.TRANSPOSE, (Src("a", ANY_PLAIN | QUANTIZED),), _transpose_rule,
        "view with dims 0 and 1 swapped", view_only=True, grad={"a": lambda B, n, g: B.transpose(g)})
-define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32}), Src("b", frozenset({I32}))), _get_rows_rule,
-       "out[:, i, j, k] = a[:, b[i, j, k], j, k]", grad={"a": _get_rows_grad, "b": IGNORE})
+define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32} | QUANTIZED), Src("b", frozenset({I32}))),
+       _get_rows_rule, "out[:, i, j, k] = a[:, b[i, j, k], j, k] (f32 result; I32 rows copied exactly; "
+       "quantized rows dequantized)", grad={"a": _get_rows_grad, "b": IGNORE})
 define("GET_ROWS_BACK", Op.GET_ROWS_BACK,
        (Src("a", FLOATS), Src("b", frozenset({I32})), Src("c", ANY_PLAIN)), _get_rows_back_rule,
        "zeros of c's shape with row b[i] += a[:, i] (adjoint of GET_ROWS)")

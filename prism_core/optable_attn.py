@@ -7,7 +7,20 @@ from __future__ import annotations
 
 from .errors import InvalidArgument
 from .ops import Op, RopeMode
-from .optable import FLOATS, IGNORE, ONLY_F32, Out, Src, ViewOut, _fail, define, divides
+from .optable import (
+    FLOATS,
+    IGNORE,
+    ONLY_F32,
+    QUANT_WEIGHTS,
+    QUANT_WRITABLE,
+    Out,
+    Src,
+    ViewOut,
+    _fail,
+    _quantized_needs_f32,
+    define,
+    divides,
+)
 from .params import Param
 from .types import BF16, F16, F32, I32, I64
 
@@ -112,6 +125,7 @@ define("FLASH_ATTN_EXT", Op.FLASH_ATTN_EXT,
 
 def _mul_mat_id_rule(d, s, p):
     w, b, ids = s["as"], s["b"], s["ids"]
+    _quantized_needs_f32(d, s, "as", "b")
     if w.ne[3] != 1 or b.ne[3] != 1:
         _fail(d, f"as and b must be 3-d, have ne={list(w.ne)} and {list(b.ne)}")
     if ids.ne[2] != 1 or ids.ne[3] != 1 or ids.ne[1] != b.ne[2]:
@@ -125,7 +139,8 @@ def _mul_mat_id_rule(d, s, p):
     return Out(F32, (w.ne[1], ids.ne[0], b.ne[2], 1))
 
 
-define("MUL_MAT_ID", Op.MUL_MAT_ID, (Src("as", FLOATS), Src("b", FLOATS), Src("ids", frozenset({I32}))),
+define("MUL_MAT_ID", Op.MUL_MAT_ID,
+       (Src("as", FLOATS | QUANT_WEIGHTS), Src("b", FLOATS), Src("ids", frozenset({I32}))),
        _mul_mat_id_rule,
        "out[:, e, t] = as[:, :, ids[e, t]] x b[:, e mod b.ne[1], t]: each token through its chosen experts",
        nmse=5e-4, nograd="no backward rule yet (ggml has none either)")
@@ -133,6 +148,7 @@ define("MUL_MAT_ID", Op.MUL_MAT_ID, (Src("as", FLOATS), Src("b", FLOATS), Src("i
 
 def _set_rows_rule(d, s, p):
     b, c, a = s["b"], s["c"], s["a"]
+    _quantized_needs_f32(d, s, "a", "b")
     if a.ne[0] != b.ne[0] or a.ne[2] != b.ne[2] or a.ne[3] != b.ne[3]:
         _fail(d, f"b ne={list(b.ne)} must match the destination a ne={list(a.ne)} in dims 0, 2, 3")
     if c.ne[0] != b.ne[1] or c.ne[3] != 1:
@@ -145,7 +161,8 @@ def _set_rows_rule(d, s, p):
 
 
 define("SET_ROWS", Op.SET_ROWS,
-       (Src("b", frozenset({F32, F16})), Src("c", frozenset({I32, I64})), Src("a", FLOATS)), _set_rows_rule,
+       (Src("b", frozenset({F32, F16})), Src("c", frozenset({I32, I64})), Src("a", FLOATS | QUANT_WRITABLE)),
+       _set_rows_rule,
        "a[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to a's type; the result is a "
        "(sources in ggml's order: values, indices, destination)",
        nograd="scatter into an existing tensor: no backward rule (as in ggml)")

@@ -32,7 +32,7 @@ from .backend import Backend
 from .errors import Unsupported
 from .graph import Graph
 from .registry import REGISTRY
-from .schedule import Fallback, strict_refusal, why_not
+from .schedule import Fallback, refuse_read_only_writes, strict_refusal, why_not
 from .tensor import Flag, Tensor
 
 ALIGN = 64
@@ -130,6 +130,15 @@ class Plan:
             call()
         return self
 
+    def release(self) -> None:
+        """Give back the memory of the plan's results and arena (leaves keep theirs); the plan
+        cannot compute afterwards."""
+        for n in self.graph.nodes:
+            if n.view_src is None and n.opdef is not None:
+                n._storage = None
+                n.ctx._raw.pop(id(n), None)
+        self.arena, self.calls, self.bindings = None, [], []
+
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
         return (f"plan on {self.backend.name}: {len(self.steps)} kernels, {len(self.fallbacks)} on the reference; "
@@ -167,6 +176,7 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
     if isinstance(graph, Tensor):
         graph = Graph(capacity=1 << 20).expand(graph)
     be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
+    refuse_read_only_writes(graph)
     steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:

@@ -53,12 +53,21 @@ def strict_refusal(be: Backend, node: Tensor) -> Unsupported:
     return Unsupported(f"backend {be.name!r} does not support {node.label} ({why + '; ' if why else ''}strict mode)")
 
 
+def refuse_read_only_writes(graph: Graph) -> None:
+    """Raise before anything runs if a node of ``graph`` would write into a read-only tensor.
+    Every computing node writes its own storage, which is its base's (a view writes through)."""
+    for node in graph.nodes:
+        if node.opdef is not None and not node.opdef.view_only:
+            node.check_writable(f"computing {node.opdef.key}")
+
+
 def compute(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False) -> ComputeReport:
     """Compute every node of ``graph`` (or of the graph ending at a tensor) in order."""
     if isinstance(graph, Tensor):
         graph = Graph(capacity=1 << 20).expand(graph)
     be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
     report = ComputeReport(be.name)
+    refuse_read_only_writes(graph)
     reference: Backend | None = None
     if strict:  # refuse before computing anything, so a refused graph leaves every tensor as it was
         for node in graph.nodes:

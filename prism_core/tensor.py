@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch, Unsupported
+from .errors import BoundExceeded, InvalidArgument, ReadOnlyTensor, ShapeMismatch, TypeMismatch, Unsupported
 from .ops import Op
 from .types import BF16, F32, GGMLType, from_f32, to_f32, traits
 
@@ -96,7 +96,7 @@ class Tensor:
     """
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "opdef", "params", "src", "view_src",
-                 "view_offs", "flags", "_name", "_storage", "_host", "__weakref__")
+                 "view_offs", "flags", "_name", "_storage", "_host", "_read_only", "__weakref__")
 
     def __init__(self, ctx: Context, type: GGMLType, ne: tuple[int, int, int, int],
                  nb: tuple[int, int, int, int] | None = None, *, view_src: Tensor | None = None,
@@ -118,6 +118,7 @@ class Tensor:
         self._name = name
         self._storage: np.ndarray | None = None
         self._host: tuple[np.ndarray, np.ndarray] | None = None  # (storage it views, the view)
+        self._read_only = False  # set by Context.map_tensor; views inherit it through their base
 
     # ------------------------------------------------------------ metadata
     @property
@@ -164,6 +165,19 @@ class Tensor:
     @property
     def is_view(self) -> bool:
         return self.view_src is not None
+
+    @property
+    def read_only(self) -> bool:
+        """True for tensors over external read-only memory (a mapped file) and views of them:
+        nothing may write into them (``set``, in-place ops, CPY/SET_ROWS targets, optimizers)."""
+        return self.base._read_only
+
+    def check_writable(self, what: str) -> None:
+        """Raise :class:`ReadOnlyTensor` if ``what`` would write into this read-only tensor."""
+        if self.base._read_only:
+            whose = self.label if self.view_src is None else f"{self.label}, a view of {self.base.label}"
+            raise ReadOnlyTensor(f"{what}: {whose} is read-only (mapped from a file); "
+                                 "write into a copy instead (e.g. cpy or cont into a new tensor)")
 
     @property
     def is_leaf(self) -> bool:
@@ -227,6 +241,7 @@ class Tensor:
         if self.op != Op.NONE:
             raise InvalidArgument(f"set_param: {self.label} is the result of {self.op.name}; "
                                   "only leaf tensors (op NONE) can be parameters")
+        self.check_writable("set_param (an optimizer would update it)")
         if self.type not in (F32,):
             raise TypeMismatch(f"set_param: {self.label} has type {self.traits.name}; parameters must be f32")
         self.flags |= Flag.PARAM
@@ -262,22 +277,60 @@ class Tensor:
             return cached[1]
         tr = self.traits
         if tr.is_quantized:
-            raise Unsupported(f"{self.label}: raw element views of quantized {tr.name} data are not supported")
+            raise Unsupported(f"{self.label}: {tr.name} is a block type with no per-element storage; "
+                              "use raw() for its block bytes or numpy() for its values")
         view = np.ndarray(shape=tuple(reversed(self.ne)), dtype=tr.host_dtype, buffer=buf,
                           offset=self.view_offs, strides=tuple(reversed(self.nb)))
         self._host = (buf, view)
         return view
 
+    def raw(self) -> np.ndarray:
+        """A strided 4-dim uint8 view (ne3, ne2, ne1, row bytes) over this tensor's rows: for a
+        block type, its blocks as ggml stores them (the layout of :mod:`prism_core.quant`).
+        Writing to it writes the tensor. Needs dense rows (``nb[0]`` = the block's bytes)."""
+        tr = self.traits
+        if self.ne[0] != tr.blck_size and self.nb[0] != tr.type_size:
+            raise Unsupported(f"{self.label}: raw() needs dense rows, nb[0]={self.nb[0]} != {tr.type_size}")
+        buf = self.storage()
+        shape = (*reversed(self.ne[1:]), tr.type_size * (self.ne[0] // tr.blck_size))
+        return np.ndarray(shape=shape, dtype=np.uint8, buffer=buf, offset=self.view_offs,
+                          strides=(*reversed(self.nb[1:]), 1))
+
+    def set_raw(self, data: Any) -> Tensor:
+        """Write raw bytes (a bytes-like object or uint8 array of exactly ``raw().shape`` or
+        :attr:`nbytes` of a dense tensor) into this tensor's rows, unchanged."""
+        self.check_writable("set_raw")
+        dst = self.raw()
+        try:
+            arr = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
+                else np.asarray(data)
+        except (TypeError, ValueError) as e:
+            raise TypeMismatch(f"set_raw: {self.label}: data must be bytes or a uint8 array ({e})") from None
+        if arr.dtype != np.uint8:
+            raise TypeMismatch(f"set_raw: {self.label}: data must be uint8 bytes, got dtype {arr.dtype}")
+        if arr.shape != dst.shape:
+            if arr.size != dst.size:
+                raise ShapeMismatch(f"set_raw: {self.label} ({self.traits.name}, ne={list(self.ne)}) holds "
+                                    f"{dst.size} bytes of rows, got {arr.size} (truncated or too long)")
+            arr = arr.reshape(dst.shape)
+        dst[...] = arr
+        return self
+
     def numpy(self) -> np.ndarray:
         """A copy of the values in NumPy order with :attr:`shape`. BF16 values come back
-        as float32 (NumPy has no bfloat16); other plain types in their own dtype."""
+        as float32 (NumPy has no bfloat16); block types (Q4_K, ...) as their dequantized
+        float32 values; other plain types in their own dtype."""
+        if self.traits.is_quantized:
+            return to_f32(self.raw(), self.type).reshape(self.shape)
         h = self.host()
         vals = to_f32(h, self.type) if self.type == BF16 else h.copy()
         return vals.reshape(self.shape)
 
     def set(self, values: Any) -> Tensor:
         """Write values given in NumPy order (shape equal to :attr:`shape` or to the full
-        4-dim shape, or a scalar) into this tensor's memory, converting to its type."""
+        4-dim shape, or a scalar) into this tensor's memory, converting to its type (block
+        types: quantized row by row with ggml's reference quantizer)."""
+        self.check_writable("set")
         arr = np.asarray(values)
         full = tuple(reversed(self.ne))
         if arr.shape not in (self.shape, full, ()):
@@ -285,6 +338,9 @@ class Tensor:
                                 f"got values of shape {arr.shape}")
         if arr.dtype.kind not in "biuf":
             raise TypeMismatch(f"set: values must be numeric, got dtype {arr.dtype}")
+        if self.traits.is_quantized:
+            self.raw()[...] = from_f32(np.broadcast_to(arr, full), self.type)
+            return self
         self.host()[...] = from_f32(np.broadcast_to(arr, full), self.type)
         return self
 

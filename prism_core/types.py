@@ -62,21 +62,40 @@ class TypeTraits:
     type_size: int  # bytes per block
     is_quantized: bool
     host_dtype: np.dtype | None  # NumPy dtype holding one element (plain types only)
+    # What ggml's CPU backend converts the other operand of a dot product to
+    # (type_traits_cpu[...].vec_dot_type in ggml-cpu.c); types that leave it unset there get F32.
+    vec_dot_type: GGMLType = GGMLType.F32
 
     @property
     def usable(self) -> bool:
-        """Plain types have kernels now; quantized types are declared for later."""
-        return not self.is_quantized
+        """Plain types, and block types whose values Prism can decode (see :mod:`prism_core.quant`)."""
+        if not self.is_quantized:
+            return True
+        from .quant import can_dequantize
+        return can_dequantize(self.type)
+
+
+# ggml-cpu.c's type_traits_cpu[...].vec_dot_type; every type not listed leaves it unset (GGML_TYPE_F32).
+_VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
+    GGMLType.F16: GGMLType.F16, GGMLType.BF16: GGMLType.BF16,
+    **{t: GGMLType.Q8_0 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
+                                  GGMLType.MXFP4, GGMLType.NVFP4, GGMLType.Q1_0, GGMLType.Q2_0)},
+    **{t: GGMLType.Q8_1 for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q8_1)},
+    **{t: GGMLType.Q8_K for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                                  GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+                                  GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ4_XS,
+                                  GGMLType.TQ1_0, GGMLType.TQ2_0)},
+}
 
 
 def _plain(t: GGMLType, dtype: str) -> TypeTraits:
     d = np.dtype(dtype)
-    return TypeTraits(t, t.name.lower(), 1, d.itemsize, False, d)
+    return TypeTraits(t, t.name.lower(), 1, d.itemsize, False, d, _VEC_DOT_TYPE.get(t, GGMLType.F32))
 
 
 def _quant(t: GGMLType, blck: int, size: int) -> TypeTraits:
     name = t.name.lower() if not t.name.endswith("_K") else t.name[:-2].lower() + "_K"
-    return TypeTraits(t, name, blck, size, True, None)
+    return TypeTraits(t, name, blck, size, True, None, _VEC_DOT_TYPE.get(t, GGMLType.F32))
 
 
 G = GGMLType
@@ -159,24 +178,28 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def to_f32(host: np.ndarray, t: GGMLType) -> np.ndarray:
-    """Host storage of type ``t`` as float32 values (copy)."""
+    """Host storage of type ``t`` as float32 values (copy). For a block type the storage is
+    uint8 rows of blocks (last axis: the row's bytes) and the values are dequantized."""
     if t == BF16:
         return bf16_to_f32(host)
-    if traits(t).is_quantized:
-        raise TypeMismatch(f"{traits(t).name} values need dequantization, which is not implemented yet")
+    if traits(t).is_quantized:  # host storage of a block type: uint8 rows, the row's bytes last
+        from .quant import dequantize
+        return dequantize(host, t)
     return np.asarray(host, dtype=np.float32)
 
 
 def from_f32(values: np.ndarray, t: GGMLType) -> np.ndarray:
     """float values converted to the host storage of type ``t`` as ggml converts them:
     F16 and BF16 round to nearest even (values past the largest finite one become
-    infinities, silently, as in ggml); integer types truncate toward zero."""
+    infinities, silently, as in ggml); integer types truncate toward zero; block types are
+    quantized row by row with ggml's reference quantizer (last axis: the row)."""
     if t == BF16:
         with np.errstate(over="ignore"):
             return f32_to_bf16(np.asarray(values, dtype=np.float32))
     tr = traits(t)
-    if tr.is_quantized:
-        raise TypeMismatch(f"quantizing to {tr.name} is not implemented yet")
+    if tr.is_quantized:  # float rows (last axis a multiple of the block size) -> uint8 block rows
+        from .quant import quantize
+        return quantize(np.asarray(values, dtype=np.float32), t)
     values = np.asarray(values)
     if t in INT_TYPES and values.dtype.kind == "f":
         with np.errstate(invalid="ignore"):

@@ -65,6 +65,12 @@ def refused(cls: type[Exception], match: str, ctx: pc.Context,
     assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
 
 
+def reads_block_types(case) -> bool:
+    """Whether a conformance case's node reads or writes a block (quantized) type."""
+    out = case.build(pc.Context(), np.random.default_rng(0)).out
+    return any(t is not None and t.traits.is_quantized for t in (out, *out.src))
+
+
 def write_plugin(root, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
     """Install plugin module ``module`` (``source``) into folder ``root`` as distribution ``dist``
     (METADATA and entry_points.txt declaring it under ``prism.backends`` as ``entry``), the way

@@ -121,8 +121,19 @@ CASES: list[tuple[str, Setup, type[Exception], str]] = [
      r"SET: b has type f16 but a has f32"),
     ("cross_entropy-f16", _two_args(F16_34, F16_34, pc.cross_entropy_loss), TypeMismatch,
      r"CROSS_ENTROPY_LOSS: source 'a' has type f16"),
-    ("add-quantized", _two_args(lambda c: c.new_tensor("q4_0", (32,)), lambda c: c.new_tensor("q4_0", (32,)),
-                                pc.add), TypeMismatch, r"ADD: source 'a' has type q4_0"),
+    ("add-quantized-b", _two_args(lambda c: c.new_tensor("q4_0", (32,)), lambda c: c.new_tensor("q4_0", (32,)),
+                                  pc.add), TypeMismatch, r"ADD: source 'b' has type q4_0; accepted: bf16, f16, f32"),
+    ("sub-quantized", _two_args(lambda c: c.new_tensor("q4_0", (32,)), lambda c: f32(c, 32), pc.sub),
+     TypeMismatch, r"SUB: source 'a' has type q4_0; accepted: bf16, f16, f32"),
+    ("mul_mat-quantized-f16-b", _two_args(lambda c: c.new_tensor("q4_0", (32, 2)),
+                                          lambda c: c.new_tensor("f16", (32, 3)), pc.mul_mat), TypeMismatch,
+     r"MUL_MAT: source 'a' is quantized \(q4_0\), so 'b' must be f32, got f16"),
+    ("mul_mat-q8_K-weight", _two_args(lambda c: c.new_tensor("q8_K", (256, 2)), lambda c: f32(c, 256), pc.mul_mat),
+     TypeMismatch, r"MUL_MAT: source 'a' has type q8_K"),
+    ("cpy-quantized-to-f16", _two_args(lambda c: c.new_tensor("q8_0", (32,)), lambda c: c.new_tensor("f16", (32,)),
+                                       pc.cpy), TypeMismatch, r"CPY: q8_0 -> f16: block types convert to and from f32"),
+    ("cpy-to-iq2_xxs", _two_args(lambda c: f32(c, 256), lambda c: c.new_tensor("iq2_xxs", (256,)), pc.cpy),
+     TypeMismatch, r"CPY: no quantizer for iq2_xxs \(it needs an importance matrix\)"),
     # parameters: not finite, out of range, wrong kind, unknown, missing
     ("scale-nan", _one_arg(M34, lambda a: pc.scale(a, float("nan"))), InvalidArgument,
      r"SCALE: parameter 's' must be finite, got nan"),
@@ -467,12 +478,10 @@ def test_tensor_set_wrong_shape(ctx, graph):
     np.testing.assert_array_equal(a.numpy(), before)
 
 
-def test_tensor_set_quantized_is_refused(ctx, graph):
+def test_quantized_tensor_has_no_element_view(ctx, graph):
     q = ctx.new_tensor("q4_0", (32,))
-    with refused(TypeMismatch, r"quantizing to q4_0 is not implemented", ctx, graph):
-        q.set(np.zeros(32, np.float32))
-    with refused(Unsupported, r"raw element views of quantized q4_0 data are not supported", ctx, graph):
-        q.numpy()
+    with refused(Unsupported, r"q4_0 is a block type with no per-element storage; use raw\(\)", ctx, graph):
+        q.host()
 
 
 # ---------------------------------------------------------------- backends and compute

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import reads_block_types
 
 import prism_core as pc
 from prism_core.cli import main as cli
@@ -88,8 +89,9 @@ def test_faulty_kernels_fail_their_cases(kernel, expect):
 def test_partial_backend_reports_unsupported_not_pass():
     be = _Faulty("addonly", pc.backend("numpy").kernels["ADD"])
     results = run(be, cases_for("ADD") + cases_for("MUL"))
-    by = {(r.case.key, r.status) for r in results}
-    assert by == {("ADD", PASS), ("MUL", UNSUPPORTED)}
+    by = {(r.case.key, r.status, reads_block_types(r.case)) for r in results}
+    # its ADD kernel never claims block types: a backend must declare block_types to get them
+    assert by == {("ADD", PASS, False), ("ADD", UNSUPPORTED, True), ("MUL", UNSUPPORTED, False)}
 
 
 # ------------------------------------------------------------------ CLI and pytest plugin
@@ -140,12 +142,14 @@ def test_cli_add_only_plugin_passes_add_and_shows_the_rest_unsupported(capsys):
         rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
         # columns: backends best first; addonly has priority 0, so it is last
         assert rows["op"][-1] == "addonly" and "numpy" in rows["op"]
-        assert rows["ADD"][-2:] == ["ok", f"{len(cases_for('ADD'))}/{len(cases_for('ADD'))}"]
+        n_add = len(cases_for("ADD"))
+        n_block = sum(map(reads_block_types, cases_for("ADD")))
+        assert n_block > 0 and rows["ADD"][-4:] == ["ok", f"{n_add - n_block}/{n_add},", str(n_block), "unsup"]
         assert rows["MUL"][-1:] == ["unsupported"] and rows["SOFT_MAX"][-1:] == ["unsupported"]
         # view ops compute nothing, so they pass on any backend
         views = [c for k, d in pc.OPS.items() if d.view_only for c in cases_for(k)]
         assert rows["RESHAPE"][-2:] == ["ok", "1/1"]
-        n_pass = len(cases_for("ADD")) + len(views)
+        n_pass = n_add - n_block + len(views)
         assert rows["addonly:"][:6] == [str(n_pass), "passed,", "0", "failed,",
                                         str(len(all_cases()) - n_pass), "unsupported"]
     finally:

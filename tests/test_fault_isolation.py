@@ -200,7 +200,8 @@ def test_every_fault_is_reported_per_case_and_the_real_backends_stand(faulty, tm
     # the host is intact: the real backends still pass everything, in this very process
     RELEASE.set()
     for name in real:
-        results = run(pc.backend(name), cases_for("ADD") + cases_for("SOFT_MAX"))
+        plain = [c for c in cases_for("ADD") + cases_for("SOFT_MAX") if "+f32" not in c.desc]  # no block types
+        results = run(pc.backend(name), plain)
         assert all(r.status == PASS for r in results), name
     for t in abandoned_threads():
         t.join(10)  # released: the hung kernel returns and its abandoned worker exits

@@ -20,9 +20,12 @@ pytest.importorskip("numba")
 def _perturb(ctx: pc.Context) -> None:
     """New values for every leaf, the same in any context built from the same case: floats
     x -> 0.75 x + 0.125 (signs and infinities kept for x >= 0 or x = -inf ranges that the cases
-    use), integers in reversed order (index ranges kept)."""
+    use), integers in reversed order (index ranges kept), block types' rows in reversed order."""
     for t in ctx.tensors:
         if t.opdef is not None or t.view_src is not None or t.nelements == 0:
+            continue
+        if t.traits.is_quantized:  # valid blocks stay valid: the rows in reversed order
+            t.set_raw(t.raw()[..., ::-1, :].copy())
             continue
         v = t.numpy()
         if t.type in (pc.F32, pc.F16, pc.BF16):

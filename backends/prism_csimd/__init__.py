@@ -31,6 +31,7 @@ from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, TABLE
+from .kernels_quant import dense_rows_refusal
 from .kernels_rope import rope_supported
 
 ENV_ISA = "PRISM_CSIMD_ISA"
@@ -38,7 +39,7 @@ ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 ISA_NAMES = ("scalar", "avx2", "avx512")
-ABI_VERSION = 2  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+ABI_VERSION = 3  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
@@ -54,6 +55,8 @@ REQUIRED_FUNCTIONS = (
     "csimd_pool_2d_back",
     "csimd_flash_attn_ext", "csimd_conv_2d", "csimd_conv_transpose_1d",
     "csimd_rope", "csimd_upscale", "csimd_im2col_back",
+    "csimd_q_isa", "csimd_q_info", "csimd_q_dequantize", "csimd_q_quantize", "csimd_q_vec_dot", "csimd_q_mul_mat",
+    "csimd_q_mul_mat_id", "csimd_q_get_rows", "csimd_q_cpy", "csimd_q_set_rows", "csimd_q_out_prod", "csimd_q_add",
 )
 
 
@@ -147,6 +150,7 @@ class CsimdBackend(prism_core.Backend):
     name = "csimd"
     priority = 60  # the default where it builds: fastest in every benchmark section but tiny-node dispatch
     kernels = KERNELS
+    block_types = prism_core.optable.QUANTIZED  # every block type the table holds (csrc/csimd_quant*.h)
 
     @property
     def version(self) -> str:  # type: ignore[override]
@@ -215,7 +219,11 @@ class CsimdBackend(prism_core.Backend):
         for t in tensors:
             if t.nelements <= 0:
                 return f"an empty tensor ({t.label})"
-            if not t.is_element_aligned():
+            if t.traits.is_quantized:
+                why = dense_rows_refusal(t)
+                if why:
+                    return why
+            elif not t.is_element_aligned():
                 return f"{t.label}: offset or strides not multiples of its element size"
             if not _inside(t):
                 return f"{t.label}: the view reaches outside its buffer"

@@ -17,6 +17,7 @@ import numpy as np
 from prism_core import Tensor
 from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument, Unsupported
+from prism_core.optable import QUANTIZED
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
 TABLE = KernelTable()
@@ -26,6 +27,8 @@ FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 INDICES = frozenset({I32})
 TYPE_CODES = {F32: 0, F16: 1, BF16: 2, I32: 3, I64: 4}  # I64: COUNT_EQUAL's result and SET_ROWS indices
+# block types: csrc/csimd.h's CSIMD_QBASE (64) + the ggml type id
+TYPE_CODES.update({t: 64 + int(t) for t in QUANTIZED})
 
 
 # set by the backend: (ffi, lib) of the loaded extension and the thread count to use
@@ -89,7 +92,13 @@ def prepare(n: Tensor) -> Callable[[], None] | None:
 # ------------------------------------------------------------------ validated descriptors
 def view_extent(t: Tensor) -> tuple[int, int]:
     """(first byte, one past the last byte) that t's view addresses in its buffer."""
-    return _extent(t.view_offs, t.ne, t.nb, t.traits.type_size)
+    return _extent(t.view_offs, _units(t, t.ne), t.nb, t.traits.type_size)
+
+
+def _units(t: Tensor, ne) -> tuple:
+    """ne counted in storage units: a block type's dim 0 in blocks (nb[0] is a block's stride)."""
+    blck = t.traits.blck_size
+    return tuple(ne) if blck == 1 else (ne[0] // blck, *ne[1:])
 
 
 def _extent(offs: int, ne, nb, size: int) -> tuple[int, int]:
@@ -110,9 +119,12 @@ def _check_region(t: Tensor, offs: int, ne, nb, limit: int | None = None) -> Non
     if min(ne) < 0 or min(nb) < 0 or offs < 0:
         raise InvalidArgument(f"csimd: {t.label}: negative extent, stride or offset")
     s0, s1, s2, s3 = nb
-    if offs % size or s0 % size or s1 % size or s2 % size or s3 % size:
+    blocks = t.traits.is_quantized  # block bytes are read bytewise: no alignment, dim 0 in whole blocks
+    if blocks and ne[0] % t.traits.blck_size:
+        raise InvalidArgument(f"csimd: {t.label}: ne[0]={ne[0]} is not a whole number of {t.traits.name} blocks")
+    if not blocks and (offs % size or s0 % size or s1 % size or s2 % size or s3 % size):
         raise InvalidArgument(f"csimd: {t.label}: offset/strides not aligned to {size} bytes")
-    lo, hi = _extent(offs, ne, nb, size)
+    lo, hi = _extent(offs, _units(t, ne), nb, size)
     limit = t.storage().nbytes if limit is None else limit
     if hi > limit:
         raise InvalidArgument(f"csimd: {t.label}: view [{lo}, {hi}) exceeds its buffer of {limit} bytes")
@@ -549,5 +561,6 @@ def _pool_2d_back(n: Tensor) -> None:
 __all__ = ["KERNELS", "SUPPORT", "Unsupported", "check_view", "desc", "view_extent"]
 
 # registering: FLASH_ATTN_EXT, CONV_2D, CONV_TRANSPOSE_1D (kernels_attn); ROPE, ROPE_BACK, UPSCALE,
-# IM2COL_BACK (kernels_rope)
-from . import kernels_attn, kernels_rope  # noqa: E402,F401
+# IM2COL_BACK (kernels_rope); kernels_quant registers MUL_MAT, MUL_MAT_ID, GET_ROWS, CPY, DUP, CONT,
+# SET_ROWS, OUT_PROD and ADD again with block types accepted (calling the wrappers above for floats)
+from . import kernels_attn, kernels_quant, kernels_rope  # noqa: E402,F401

@@ -29,7 +29,10 @@ def kernel(*keys: str):
 
 
 def val(t: Tensor) -> np.ndarray:
-    """Values of ``t`` as a 4-dim array: float64 for float types, int64 for integers."""
+    """Values of ``t`` as a 4-dim array: float64 for float and block types (dequantized exactly),
+    int64 for integers."""
+    if t.traits.is_quantized:
+        return to_f32(t.raw(), t.type).astype(np.float64)
     h = t.host()
     if t.type in (F32, F16, BF16, F64):
         return to_f32(h, t.type).astype(np.float64) if t.type != F64 else h.astype(np.float64)
@@ -37,8 +40,20 @@ def val(t: Tensor) -> np.ndarray:
 
 
 def store(node: Tensor, values: np.ndarray) -> None:
+    """Write values (NumPy order, broadcast to the node's shape) in the node's type; a block
+    type is quantized row by row with ggml's reference quantizer (from float32, as ggml)."""
     full = tuple(reversed(node.ne))
-    node.host()[...] = from_f32(np.broadcast_to(values, full), node.type)
+    values = np.broadcast_to(values, full)
+    if node.traits.is_quantized:
+        node.raw()[...] = from_f32(values.astype(np.float32), node.type)
+        return
+    node.host()[...] = from_f32(values, node.type)
+
+
+def elements(t: Tensor) -> np.ndarray:
+    """The tensor's storage units as a 4-dim array: elements of a plain type, the block-byte
+    rows (last axis: a row's bytes) of a block type."""
+    return t.raw() if t.traits.is_quantized else t.host()
 
 
 def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -59,16 +74,20 @@ def repeat_blocks(a: np.ndarray, shape01: tuple[int, int]) -> np.ndarray:
 # ---------------------------------------------------------------- copies
 @kernel("DUP")
 def _dup(n: Tensor) -> None:
-    n.host()[...] = n.src[0].host()
+    elements(n)[...] = elements(n.src[0])
 
 
 @kernel("CPY", "CONT")
 def _cpy(n: Tensor) -> None:
     a = n.src[0]
-    flat = np.ascontiguousarray(a.host()).reshape(-1)  # logical row-major order
-    if a.type == n.type:
-        n.host()[...] = flat.reshape(n.host().shape)
+    if a.type == n.type:  # same type: the storage units (elements or blocks) in row-major order
+        flat = np.ascontiguousarray(elements(a)).reshape(-1)
+        elements(n)[...] = flat.reshape(elements(n).shape)
         return
+    if n.traits.is_quantized or a.traits.is_quantized:  # f32 <-> blocks, through values
+        store(n, val(a).reshape(-1).reshape(tuple(reversed(n.ne))))
+        return
+    flat = np.ascontiguousarray(a.host()).reshape(-1)  # logical row-major order
     values = to_f32(flat, a.type) if a.type == BF16 else flat
     n.host()[...] = from_f32(values, n.type).reshape(n.host().shape)
 
@@ -259,10 +278,26 @@ def _rms_norm_back(n: Tensor) -> None:
 
 
 # ---------------------------------------------------------------- matrices
+def val_rows(t: Tensor, lo: int, hi: int) -> np.ndarray:
+    """:func:`val` of rows ``lo:hi`` (dim 1) only: a large (quantized) weight is read a chunk at a time."""
+    if t.traits.is_quantized:
+        return to_f32(t.raw()[:, :, lo:hi], t.type).astype(np.float64)
+    h = t.host()[:, :, lo:hi]
+    return to_f32(h, t.type).astype(np.float64) if t.type != F64 else h.astype(np.float64)
+
+
+MUL_MAT_CHUNK = 1 << 22  # elements of a converted to float64 at a time (32 MiB)
+
+
 @kernel("MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
-    a, b = val(n.src[0]), val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
-    store(n, b @ np.swapaxes(repeat_blocks(a, b.shape[:2]), -1, -2))
+    a, b = n.src[0], val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
+    out = np.empty((*b.shape[:3], a.ne[1]))
+    rows = max(1, MUL_MAT_CHUNK // max(1, a.ne[0] * a.ne[2] * a.ne[3]))
+    for lo in range(0, a.ne[1], rows):
+        chunk = val_rows(a, lo, lo + rows)
+        out[..., lo:lo + rows] = b @ np.swapaxes(repeat_blocks(chunk, b.shape[:2]), -1, -2)
+    store(n, out)
 
 
 @kernel("OUT_PROD")
@@ -279,12 +314,15 @@ def _get_rows(n: Tensor) -> None:
     if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
         raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
                               f"min {idx.min()}, max {idx.max()}")
-    src = a.host() if a.type == n.type else val(a)  # I32 rows are copied exactly
-    out = np.empty(n.host().shape, dtype=src.dtype)
+    src = elements(a)  # gather the rows first: only they are converted (a quantized table may be huge)
+    out = np.empty((*n.host().shape[:3], src.shape[3]), dtype=src.dtype)
     for k in range(a.ne[3]):
         for j in range(a.ne[2]):
             out[k, j] = src[k, j, idx[k, j]]
-    n.host()[...] = out if a.type == n.type else from_f32(out, n.type)
+    if a.type == n.type:  # I32 rows are copied exactly
+        n.host()[...] = out
+    else:
+        n.host()[...] = from_f32(to_f32(out, a.type).astype(np.float64), n.type)
 
 
 @kernel("GET_ROWS_BACK")

@@ -9,7 +9,7 @@ from prism_core.errors import InvalidArgument
 from prism_core.semantics import RopeTables, alibi_slopes, rope_tables
 from prism_core.types import from_f32
 
-from .kernels import kernel, store, val
+from .kernels import elements, kernel, store, val
 
 
 def rope_angles(n: Tensor, t: RopeTables) -> tuple[np.ndarray, np.ndarray]:
@@ -93,8 +93,9 @@ def _set_rows(n: Tensor) -> None:
     if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
         raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
     src = val(b)  # (S3, S2, m, n)
-    dst = n.host()
+    dst = elements(n)  # a block type: each row quantized (from float32, as ggml) into its block bytes
     for k in range(n.ne[3]):
         for j in range(n.ne[2]):
             idx = rows[k % rows.shape[0], j % rows.shape[1]]
-            dst[k, j, idx] = from_f32(src[k, j], n.type)
+            row = src[k, j].astype(np.float32) if n.traits.is_quantized else src[k, j]
+            dst[k, j, idx] = from_f32(row, n.type)

@@ -550,9 +550,10 @@ def sgd_cases(d: OpDef) -> Iterator[Case]:
 
 
 def cases_for(key: str) -> list[Case]:
+    from .cases_quant import EXTRA_CASES  # further families (block types) beside the op's main one
     d = OPS[key]
     gen = CASES.get(key)
-    return list(gen(d)) if gen is not None else []
+    return (list(gen(d)) if gen is not None else []) + [c for g in EXTRA_CASES.get(key, ()) for c in g(d)]
 
 
 def all_cases(ops: list[str] | None = None) -> list[Case]:

@@ -29,7 +29,7 @@ from ..optable import OPS, OpDef
 from ..plan import plan
 from ..registry import REGISTRY
 from ..tensor import Tensor
-from ..types import F32
+from ..types import F32, GGMLType, traits
 from .cases import registrar
 from .runner import FAIL, PASS, UNSUPPORTED, CaseResult, nmse, unsupported_message
 
@@ -184,6 +184,13 @@ def mul_mat_grad(d):
         a, b = param(c, r, (4, 3)), param(c, r, (2, 4))
         return B.mul_mat(a, B.transpose(b)), [a, b]
     yield GradCase(d.key, "b transposed", build_t)
+    # a frozen quantized weight: gradients reach b, and a LoRA-style adapter beside the weight
+    for t, k in ((GGMLType.Q4_K, 256), (GGMLType.Q8_0, 64), (GGMLType.Q4_0, 32)):
+        def build_q(c, r, t=t, k=k):
+            w = c.from_numpy(r.standard_normal((5, k)).astype(np.float32), type=t)
+            x, lo_a, lo_b = param(c, r, (k, 2)), param(c, r, (k, 2)), param(c, r, (2, 5))
+            return B.add(B.mul_mat(w, x), B.mul_mat(lo_b, B.mul_mat(lo_a, x))), [x, lo_a, lo_b]
+        yield GradCase(d.key, f"frozen {traits(t).name} weight [{k},5] + LoRA rank 2", build_q)
 
 
 @grad_family("CPY")

@@ -1,0 +1,125 @@
+"""csimd wrappers of the quantized C kernels (csrc/csimd_quant*.h): the op cases of block types.
+
+Imported at the bottom of :mod:`prism_csimd.kernels`, after the float wrappers: each op here is
+registered again with its block types added to the accepted ones, and calls the float wrapper
+for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QBASE + ggml id``
+(rows of whole blocks, ``nb[0]`` the block's bytes), validated like every other view.
+
+* MUL_MAT / MUL_MAT_ID: b's rows are quantized once to the weight's ``vec_dot_type`` as ggml's CPU
+  backend does (Q8_0/Q8_1 with ties to even, Q8_K), then integer dot products; results differ
+  from the reference's exact dequantized product by that rounding (within the op's nmse bound).
+* GET_ROWS, CPY/DUP/CONT to F32: dequantized exactly as gguf.quants (bit for bit).
+* CPY/SET_ROWS into a block type, ADD with a quantized a: ggml's reference quantizer (as the
+  reference backend stores block types), so the bytes equal the reference's.
+* OUT_PROD with a quantized a: a dequantized once, then the F32 kernel.
+"""
+
+from __future__ import annotations
+
+from prism_core import Tensor
+from prism_core.errors import InvalidArgument
+from prism_core.optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
+from prism_core.types import F32, GGMLType
+
+from . import kernels as _k
+from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc, kernel
+
+G = GGMLType
+QBASE = 64  # csrc/csimd.h: CSIMD_QBASE
+REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: its CPU from_float)
+
+# ggml's CPU type traits: the type a weight format's dot product wants its activations in
+VEC_DOT_TYPE = {t: G.Q8_K for t in QUANTIZED}
+VEC_DOT_TYPE.update({G.Q4_0: G.Q8_0, G.Q5_0: G.Q8_0, G.Q8_0: G.Q8_0, G.IQ4_NL: G.Q8_0, G.MXFP4: G.Q8_0,
+                     G.Q4_1: G.Q8_1, G.Q5_1: G.Q8_1})
+
+
+def is_block(t: Tensor) -> bool:
+    return t.traits.is_quantized
+
+
+def dense_rows_refusal(t: Tensor) -> str:
+    """Why the C kernels cannot read block tensor t ("" when they can): rows of contiguous blocks."""
+    if is_block(t) and t.nb[0] != t.traits.type_size:
+        return f"{t.label}: a {t.traits.name} view whose blocks are not contiguous within a row"
+    return ""
+
+
+@kernel((FLOATS | QUANT_WEIGHTS, FLOATS), ONLY_F32, "MUL_MAT")
+def _mul_mat(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    if not is_block(a):
+        return _k._mul_mat(n)
+    keep: list = []
+    _check(_lib().csimd_q_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(VEC_DOT_TYPE[a.type]),
+                                  int(_state.get("threads", 1))), "MUL_MAT")
+
+
+@kernel((FLOATS | QUANT_WEIGHTS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
+def _mul_mat_id(n: Tensor) -> None:
+    w, b, ids = n.src[0], n.src[1], n.src[2]
+    if not is_block(w):
+        return _k._mul_mat_id(n)
+    keep: list = []
+    idx = ids.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= w.ne[2]):
+        raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
+    _check(_lib().csimd_q_mul_mat_id(desc(w, keep), desc(b, keep), desc(ids, keep), desc(n, keep),
+                                     int(VEC_DOT_TYPE[w.type]), _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
+
+
+@kernel((FLOATS | INDICES | QUANTIZED, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
+def _get_rows(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    if not is_block(a):
+        return _k._get_rows(n)
+    keep: list = []
+    idx = b.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
+        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): min {idx.min()}, max {idx.max()}")
+    _check(_lib().csimd_q_get_rows(desc(a, keep), desc(b, keep), desc(n, keep), _nth(n.nelements)), "GET_ROWS")
+
+
+@kernel((FLOATS | INDICES | QUANTIZED,), FLOATS | INDICES | QUANTIZED, "DUP", "CONT")
+@kernel((FLOATS | INDICES | QUANTIZED, FLOATS | INDICES | QUANTIZED), FLOATS | INDICES | QUANTIZED, "CPY")
+def _cpy(n: Tensor) -> None:
+    a = n.src[0]
+    if not (is_block(a) or is_block(n)):
+        return _k._cpy(n)
+    keep: list = []
+    _check(_lib().csimd_q_cpy(desc(a, keep), desc(n, keep), REFERENCE, _nth(n.nelements)), n.opdef.key)
+
+
+@kernel((frozenset({F32, _k.F16}), frozenset({_k.I32, _k.I64}), FLOATS | QUANT_WRITABLE), FLOATS | QUANT_WRITABLE,
+        "SET_ROWS", reads_values=True)
+def _set_rows(n: Tensor) -> None:
+    if not is_block(n):
+        return _k._set_rows(n)
+    keep: list = []
+    b, c, a = n.src[0], n.src[1], n.src[2]
+    if n.type != a.type:
+        raise InvalidArgument("SET_ROWS: the result must have the destination's type")
+    idx = c.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
+        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    _check(_lib().csimd_q_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), REFERENCE, _nth(b.nelements)),
+           "SET_ROWS")
+
+
+@kernel((FLOATS | QUANT_WEIGHTS, FLOATS), ONLY_F32, "OUT_PROD")
+def _out_prod(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    if not is_block(a):
+        return _k._out_prod(n)
+    keep: list = []
+    _check(_lib().csimd_q_out_prod(desc(a, keep), desc(b, keep), desc(n, keep), int(_state.get("threads", 1))),
+           "OUT_PROD")
+
+
+@kernel((FLOATS | QUANT_WRITABLE, FLOATS), FLOATS | QUANT_WRITABLE, "ADD")
+def _add(n: Tensor) -> None:
+    a, b = n.src[0], n.src[1]
+    if not is_block(a):
+        return _k._binary(n)
+    keep: list = []
+    _check(_lib().csimd_q_add(desc(a, keep), desc(b, keep), desc(n, keep), REFERENCE, _nth(8 * n.nelements)), "ADD")

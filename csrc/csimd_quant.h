@@ -1,0 +1,311 @@
+/* Quantized block formats of the csimd kernels: ggml's type ids, block geometry, and the
+   reference quantizers and activation quantizers (plain C, compiled once). The block layouts are
+   ggml's (../shared/reference/ggml-semantics.md section 6, gguf.quants); the decoders and the
+   integer dot products are part of the ISA template (csimd_quant_impl.h). */
+#ifndef PRISM_CSIMD_QUANT_H
+#define PRISM_CSIMD_QUANT_H
+#include "csimd_common.h"
+#include "csimd_iq_tables.h"
+
+/* ggml's type ids (enum ggml_type; stable) */
+enum {
+    Q_Q4_0 = 2, Q_Q4_1 = 3, Q_Q5_0 = 6, Q_Q5_1 = 7, Q_Q8_0 = 8, Q_Q8_1 = 9, Q_Q2_K = 10, Q_Q3_K = 11, Q_Q4_K = 12,
+    Q_Q5_K = 13, Q_Q6_K = 14, Q_Q8_K = 15, Q_IQ2_XXS = 16, Q_IQ2_XS = 17, Q_IQ3_XXS = 18, Q_IQ1_S = 19,
+    Q_IQ4_NL = 20, Q_IQ3_S = 21, Q_IQ2_S = 22, Q_IQ4_XS = 23, Q_IQ1_M = 29, Q_TQ1_0 = 34, Q_TQ2_0 = 35,
+    Q_MXFP4 = 39
+};
+
+/* elements and bytes of one block; 0 for a type that is not a block format here */
+static inline int q_block_elems(int t) {
+    switch (t) {
+    case Q_Q4_0: case Q_Q4_1: case Q_Q5_0: case Q_Q5_1: case Q_Q8_0: case Q_Q8_1: case Q_IQ4_NL: case Q_MXFP4:
+        return 32;
+    case Q_Q2_K: case Q_Q3_K: case Q_Q4_K: case Q_Q5_K: case Q_Q6_K: case Q_Q8_K: case Q_IQ2_XXS: case Q_IQ2_XS:
+    case Q_IQ3_XXS: case Q_IQ1_S: case Q_IQ3_S: case Q_IQ2_S: case Q_IQ4_XS: case Q_IQ1_M: case Q_TQ1_0:
+    case Q_TQ2_0:
+        return 256;
+    default: return 0;
+    }
+}
+
+static inline int q_block_bytes(int t) {
+    switch (t) {
+    case Q_Q4_0: return 18;
+    case Q_Q4_1: return 20;
+    case Q_Q5_0: return 22;
+    case Q_Q5_1: return 24;
+    case Q_Q8_0: return 34;
+    case Q_Q8_1: return 36;
+    case Q_Q2_K: return 84;
+    case Q_Q3_K: return 110;
+    case Q_Q4_K: return 144;
+    case Q_Q5_K: return 176;
+    case Q_Q6_K: return 210;
+    case Q_Q8_K: return 292;
+    case Q_IQ2_XXS: return 66;
+    case Q_IQ2_XS: return 74;
+    case Q_IQ3_XXS: return 98;
+    case Q_IQ1_S: return 50;
+    case Q_IQ4_NL: return 18;
+    case Q_IQ3_S: return 110;
+    case Q_IQ2_S: return 82;
+    case Q_IQ4_XS: return 136;
+    case Q_IQ1_M: return 56;
+    case Q_TQ1_0: return 54;
+    case Q_TQ2_0: return 66;
+    case Q_MXFP4: return 17;
+    default: return 0;
+    }
+}
+
+/* the groups that carry an offset (y = scale*q + offset): asymmetric formats */
+static inline int q_has_offset(int t) {
+    return t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q2_K || t == Q_Q4_K || t == Q_Q5_K;
+}
+
+/* an activation type (vec_dot_type): Q8_0 and Q8_1 in blocks of 32, Q8_K of 256 */
+static inline int q_is_act_type(int t) { return t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K; }
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float q_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32_sw(h);
+}
+
+static inline void q_put_f16(uint8_t *p, float v) {
+    const uint16_t h = f32_to_f16_sw(v);
+    memcpy(p, &h, 2);
+}
+
+/* E8M0 exponent to float, halved (the MXFP4 values are stored doubled): 2^(e - 128) */
+static inline float q_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? (0x00200000u << e) : ((uint32_t)(e - 1) << 23);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* ggml's nearest_int: round half to even (valid for |x| < 2^22, the range the callers produce) */
+static inline int q_nearest_int(float x) { return (int)nearbyintf(x); }
+
+/* roundf as C: half away from zero */
+static inline int q_round_away(float x) { return (int)roundf(x); }
+
+/* Q4_K / Q5_K: 6-bit scale and min of sub-block j (of 32) */
+static inline void q_k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* 8 grid values with the sign bits of s applied */
+static inline void q_grid8(int8_t *q, const uint8_t *g, unsigned s) {
+    for (int j = 0; j < 8; j++) q[j] = (int8_t)((s >> j) & 1 ? -(int)g[j] : (int)g[j]);
+}
+
+static inline void q_grid4(int8_t *q, const uint8_t *g, unsigned s) {
+    for (int j = 0; j < 4; j++) q[j] = (int8_t)((s >> j) & 1 ? -(int)g[j] : (int)g[j]);
+}
+
+/* ---------------------------------------------------------------- activation quantizers
+   As ggml's CPU backend quantizes the second operand of a quantized dot product (its from_float):
+   Q8_0/Q8_1 with d = amax/127, id = 127/amax and ties to even (the x86 path's _mm256_round_ps),
+   Q8_1 also s = fp16(d * sum q) with the unrounded d; Q8_K as its reference (iscale = -127/max of the
+   value with the largest magnitude, nearest_int, d = 1/iscale in float32, bsums of 16). ref = 1 gives
+   the reference quantizers of Q8_0/Q8_1 instead (id = 1/d, roundf: ties away from zero). */
+static void q_quant_q8_0(const float *x, uint8_t *y, int with_sum, int ref) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = ref ? (d != 0.0f ? 1.0f / d : 0.0f) : (amax != 0.0f ? 127.0f / amax : 0.0f);
+    int8_t *qs = (int8_t *)(y + (with_sum ? 4 : 2));
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const int q = ref ? q_round_away(x[j] * id) : q_nearest_int(x[j] * id);
+        qs[j] = (int8_t)q;
+        sum += q;
+    }
+    q_put_f16(y, d);
+    if (with_sum) q_put_f16(y + 2, d * (float)sum);
+}
+
+static void q_quant_q8_k(const float *x, uint8_t *y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; j++) {
+        const float ax = fabsf(x[j]);
+        if (ax > amax) { amax = ax; max = x[j]; }
+    }
+    int8_t *qs = (int8_t *)(y + 4);
+    int16_t bs[16];
+    if (amax == 0.0f) {
+        memset(y, 0, 292);
+        return;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < 256; j++) {
+        const int v = q_nearest_int(iscale * x[j]);
+        qs[j] = (int8_t)(v < 127 ? v : 127);
+    }
+    for (int g = 0; g < 16; g++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++) s += qs[16 * g + j];
+        bs[g] = (int16_t)s;
+    }
+    const float d = 1.0f / iscale;
+    memcpy(y, &d, 4);
+    memcpy(y + 260, bs, 32);
+}
+
+/* ---------------------------------------------------------------- reference quantizers (no importance matrix) */
+/* the signed value of largest magnitude (the first such), and min/max */
+static void q_extremes(const float *x, int n, float *amax_signed, float *mn, float *mx) {
+    float amax = 0.0f, max = 0.0f, lo = INFINITY, hi = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float ax = fabsf(x[j]);
+        if (amax < ax) { amax = ax; max = x[j]; }
+        lo = x[j] < lo ? x[j] : lo;
+        hi = x[j] > hi ? x[j] : hi;
+    }
+    *amax_signed = max;
+    *mn = lo;
+    *mx = hi;
+}
+
+/* Q4_0 (nbits 4) and Q5_0 (nbits 5): d = max/-2^(nbits-1), q = min(2^nbits - 1, trunc(x/d + 2^(nbits-1) + 0.5)) */
+static void q_quant_q4q5_0(const float *x, uint8_t *y, int nbits) {
+    float max, lo, hi;
+    q_extremes(x, 32, &max, &lo, &hi);
+    const float half = nbits == 4 ? 8.0f : 16.0f, top = nbits == 4 ? 15.0f : 31.0f;
+    const float d = max / -half, id = d != 0.0f ? 1.0f / d : 0.0f;
+    q_put_f16(y, d);
+    uint8_t *qs = y + (nbits == 4 ? 2 : 6);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        const int a = (int)(int8_t)(x[j] * id + half + 0.5f), b = (int)(int8_t)(x[j + 16] * id + half + 0.5f);
+        const int q0 = a < (int)top ? a : (int)top, q1 = b < (int)top ? b : (int)top;
+        qs[j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
+        qh |= (uint32_t)((q0 >> 4) & 1) << j;
+        qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
+    }
+    if (nbits == 5) memcpy(y + 2, &qh, 4);
+}
+
+/* Q4_1 / Q5_1: d = (max - min)/(2^nbits - 1), m = min, q = min(top, trunc((x - min)/d + 0.5)) */
+static void q_quant_q4q5_1(const float *x, uint8_t *y, int nbits) {
+    float max, lo, hi;
+    q_extremes(x, 32, &max, &lo, &hi);
+    const float top = nbits == 4 ? 15.0f : 31.0f;
+    const float d = (hi - lo) / top, id = d != 0.0f ? 1.0f / d : 0.0f;
+    q_put_f16(y, d);
+    q_put_f16(y + 2, lo);
+    uint8_t *qs = y + (nbits == 4 ? 4 : 8);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        const int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), b = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
+        const int q0 = a < (int)top ? a : (int)top, q1 = b < (int)top ? b : (int)top;
+        qs[j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
+        qh |= (uint32_t)((q0 >> 4) & 1) << j;
+        qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
+    }
+    if (nbits == 5) memcpy(y + 4, &qh, 4);
+}
+
+/* MXFP4: e = floor(log2 amax) - 2 + 127 (0 for amax = 0); each x the nearest of the 16 values (first wins) */
+static void q_quant_mxfp4(const float *x, uint8_t *y) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const uint8_t e = amax > 0.0f ? (uint8_t)(int)(floorf(log2f(amax)) - 2.0f + 127.0f) : 0;
+    const float d = q_e8m0_half(e);
+    y[0] = e;
+    for (int j = 0; j < 16; j++) {
+        int best[2] = {0, 0};
+        for (int h = 0; h < 2; h++) {
+            const float v = x[j + 16 * h];
+            float err = fabsf((float)kvalues_mxfp4[0] * d - v);
+            for (int i = 1; i < 16; i++) {
+                const float e2 = fabsf((float)kvalues_mxfp4[i] * d - v);
+                if (e2 < err) { err = e2; best[h] = i; }
+            }
+        }
+        y[1 + j] = (uint8_t)(best[0] | (best[1] << 4));
+    }
+}
+
+/* TQ2_0 / TQ1_0: d = amax, q = roundf(x/d) + 1 in {0, 1, 2} */
+static void q_ternary(const float *x, uint8_t *q, float *d) {
+    float amax = 0.0f;
+    for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+    for (int j = 0; j < 256; j++) q[j] = (uint8_t)(q_round_away(x[j] * id) + 1);
+    *d = amax;
+}
+
+static void q_quant_tq2_0(const float *x, uint8_t *y) {
+    uint8_t q[256];
+    float d;
+    q_ternary(x, q, &d);
+    for (int c = 0; c < 2; c++)
+        for (int j = 0; j < 32; j++) {
+            uint8_t b = 0;
+            for (int n = 0; n < 4; n++) b |= (uint8_t)(q[128 * c + 32 * n + j] << (2 * n));
+            y[32 * c + j] = b;
+        }
+    q_put_f16(y + 64, d);
+}
+
+static void q_quant_tq1_0(const float *x, uint8_t *y) {
+    static const int pw[5] = {81, 27, 9, 3, 1};
+    uint8_t q[256];
+    float d;
+    q_ternary(x, q, &d);
+    uint16_t v[52];
+    for (int j = 0; j < 32; j++) { /* 5 trits of elements j + 32n */
+        int s = 0;
+        for (int n = 0; n < 5; n++) s += q[32 * n + j] * pw[n];
+        v[j] = (uint16_t)s;
+    }
+    for (int j = 0; j < 16; j++) {
+        int s = 0;
+        for (int n = 0; n < 5; n++) s += q[160 + 16 * n + j] * pw[n];
+        v[32 + j] = (uint16_t)s;
+    }
+    for (int j = 0; j < 4; j++) {
+        int s = 0;
+        for (int n = 0; n < 4; n++) s += q[240 + 4 * n + j] * pw[n];
+        v[48 + j] = (uint16_t)s;
+    }
+    /* a trit string of value s (< 243) stored as ceil(s * 256 / 243): the digits come back with x*3 >> 8 */
+    for (int j = 0; j < 52; j++) y[j] = (uint8_t)(((uint32_t)v[j] * 256u + 242u) / 243u);
+    q_put_f16(y + 52, d);
+}
+
+/* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
+   Returns 0, or -1 for a type without a quantizer here. */
+static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
+    switch (t) {
+    case Q_Q4_0: q_quant_q4q5_0(x, y, 4); return 0;
+    case Q_Q5_0: q_quant_q4q5_0(x, y, 5); return 0;
+    case Q_Q4_1: q_quant_q4q5_1(x, y, 4); return 0;
+    case Q_Q5_1: q_quant_q4q5_1(x, y, 5); return 0;
+    case Q_Q8_0: q_quant_q8_0(x, y, 0, mode); return 0;
+    case Q_Q8_1: q_quant_q8_0(x, y, 1, mode); return 0;
+    case Q_Q8_K: q_quant_q8_k(x, y); return 0;
+    case Q_MXFP4: q_quant_mxfp4(x, y); return 0;
+    case Q_TQ1_0: q_quant_tq1_0(x, y); return 0;
+    case Q_TQ2_0: q_quant_tq2_0(x, y); return 0;
+    default: return -1;
+    }
+}
+
+static inline int q_has_quantizer(int t) {
+    return t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K ||
+           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0;
+}
+#endif

@@ -1,0 +1,335 @@
+/* Entry points of the quantized kernels (declared in csimd.h), included at the end of csimd.c.
+   The quantized kernels run the AVX-512 copy only where the CPU also has AVX512BW and VNNI; an
+   AVX-512F-only CPU runs their AVX2 copy. */
+
+static int q_isa(void) {
+    int isa = csimd_get_isa();
+#if CSIMD_X86
+    if (isa == 2 && !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))) isa = 1;
+#endif
+    return isa;
+}
+
+#if CSIMD_X86
+#define QCALL_RC(rc, fn, ...)                                              \
+    switch (q_isa()) {                                                     \
+    case 2: rc = fn##_avx512(__VA_ARGS__); break;                          \
+    case 1: rc = fn##_avx2(__VA_ARGS__); break;                            \
+    default: rc = fn##_scalar(__VA_ARGS__); break;                         \
+    }
+#define QCALL(fn, ...)                                                     \
+    switch (q_isa()) {                                                     \
+    case 2: fn##_avx512(__VA_ARGS__); break;                               \
+    case 1: fn##_avx2(__VA_ARGS__); break;                                 \
+    default: fn##_scalar(__VA_ARGS__); break;                              \
+    }
+#else
+#define QCALL_RC(rc, fn, ...) rc = fn##_scalar(__VA_ARGS__);
+#define QCALL(fn, ...) fn##_scalar(__VA_ARGS__);
+#endif
+
+int csimd_q_isa(void) { return q_isa(); }
+
+int csimd_q_info(int t, int *block_elems, int *block_bytes, int *has_quantizer) {
+    if (!q_block_elems(t)) return -1;
+    *block_elems = q_block_elems(t);
+    *block_bytes = q_block_bytes(t);
+    *has_quantizer = q_has_quantizer(t);
+    return 0;
+}
+
+int csimd_q_dequantize(int t, const void *src, float *dst, int64_t n, int nth) {
+    const int be = q_block_elems(t);
+    if (!be || n < 0 || n % be || (n && (!src || !dst))) return -1;
+    const int64_t nb = n / be, per = (CHUNK + be - 1) / be, chunks = (nb + per - 1) / per;
+    const uint8_t *s = (const uint8_t *)src;
+    const int bb = q_block_bytes(t);
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t b0 = c * per, b1 = b0 + per < nb ? b0 + per : nb;
+        QCALL(q_dequant_row, t, s + b0 * bb, dst + b0 * be, (b1 - b0) * be)
+    }
+    return 0;
+}
+
+/* mode 0: as ggml's CPU backend converts F32 to t (its from_float), 1: ggml's reference quantizer */
+int csimd_q_quantize(int t, int mode, const float *src, void *dst, int64_t n, int nth) {
+    const int be = q_block_elems(t);
+    if (!be || !q_has_quantizer(t) || mode < 0 || mode > 1 || n < 0 || n % be || (n && (!src || !dst))) return -1;
+    const int64_t nb = n / be;
+    const int bb = q_block_bytes(t);
+    uint8_t *d = (uint8_t *)dst;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t b = 0; b < nb; b++) q_quantize_block(t, mode, src + b * be, d + b * bb);
+    return 0;
+}
+
+/* rows dot products of K elements: w rows of type wt, a rows already in the activation type at */
+int csimd_q_vec_dot(int wt, const void *w, int at, const void *a, int64_t K, int64_t rows, float *out) {
+    const int bw = q_block_elems(wt), ba = q_block_elems(at);
+    if (!bw || !q_is_act_type(at) || K < 0 || rows < 0 || K % bw || K % ba || (rows && (!w || !a || !out))) return -1;
+    int rc = 0;
+    QCALL_RC(rc, q_vec_dot, wt, (const uint8_t *)w, at, (const uint8_t *)a, K, rows, out)
+    return rc;
+}
+
+static inline int q_type_of(const csimd_tensor *t) {
+    return t->type >= CSIMD_QBASE && q_block_elems(t->type - CSIMD_QBASE) ? t->type - CSIMD_QBASE : -1;
+}
+
+/* a quantized view: whole blocks, rows of contiguous blocks (nb[0] = the block's bytes) */
+static int q_view_ok(const csimd_tensor *t, int qt) {
+    return nonneg(t) && t->ne[0] % q_block_elems(qt) == 0 && t->nb[0] == q_block_bytes(qt);
+}
+
+/* MUL_MAT with a quantized a (weights [K, M, a2, a3]) and an F32 b ([K, N, b2, b3], any strides):
+   d (F32, contiguous rows) = b's rows, quantized to the activation type at, times a's rows */
+int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int at, int nth) {
+    const int qa = q_type_of(a);
+    if (qa < 0 || !q_is_act_type(at) || !q_view_ok(a, qa) || !nonneg(b) || !nonneg(d) || b->type != CSIMD_F32 ||
+        d->type != CSIMD_F32 || !blocks(a, b) || b->ne[0] != a->ne[0] || a->ne[0] % q_block_elems(at) ||
+        d->ne[0] != a->ne[1] || d->ne[1] != b->ne[1] || d->ne[2] != b->ne[2] || d->ne[3] != b->ne[3] ||
+        d->nb[0] != 4 || d->nb[1] % 4 || b->nb[0] % 4)
+        return -1;
+    if (nelem(d) == 0) return 0;
+    if (a->ne[0] == 0) { /* an empty sum */
+        for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
+            for (int64_t i2 = 0; i2 < d->ne[2]; i2++)
+                for (int64_t i1 = 0; i1 < d->ne[1]; i1++) memset(ELT(d, 0, i1, i2, i3), 0, (size_t)d->ne[0] * 4);
+        return 0;
+    }
+    int rc = 0;
+    nth = clamp_threads(nth);
+    QCALL_RC(rc, q_mul_mat, qa, at, a, b, d, nth)
+    return rc;
+}
+
+/* MUL_MAT_ID with quantized experts w [K, M, E] and F32 b [K, nb1, n_tok]: d[:, e, t] (F32) =
+   w[:, :, ids[e, t]] . b[:, e mod nb1, t], b's rows quantized to at */
+int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,
+                       int at, int nth) {
+    const int qw = q_type_of(w);
+    if (qw < 0 || !q_is_act_type(at) || !q_view_ok(w, qw) || !nonneg(b) || !nonneg(ids) || !nonneg(d) ||
+        ids->type != CSIMD_I32 || d->type != CSIMD_F32 || b->type != CSIMD_F32 || w->ne[3] != 1 || b->ne[3] != 1 ||
+        w->ne[0] != b->ne[0] || w->ne[0] % q_block_elems(at) || b->ne[1] <= 0 || ids->ne[1] != b->ne[2] ||
+        d->ne[0] != w->ne[1] || d->ne[1] != ids->ne[0] || d->ne[2] != ids->ne[1] || d->nb[0] != 4 || b->nb[0] % 4)
+        return -1;
+    for (int64_t t = 0; t < ids->ne[1]; t++)
+        for (int64_t e = 0; e < ids->ne[0]; e++) {
+            int32_t x;
+            memcpy(&x, ELT(ids, e, t, 0, 0), 4);
+            if (x < 0 || x >= w->ne[2]) return -1;
+        }
+    if (nelem(d) == 0) return 0;
+    int rc = 0;
+    nth = clamp_threads(nth);
+    QCALL_RC(rc, q_mul_mat_id, qw, at, w, b, ids, d, nth)
+    return rc;
+}
+
+/* one quantized row (ne0 elements, whole blocks) -> F32 */
+static void q_row_dequant(int t, const char *src, float *dst, int64_t n) {
+    QCALL(q_dequant_row, t, (const uint8_t *)src, dst, n)
+}
+
+/* GET_ROWS from a quantized a: d[:, i, j, k] (F32/F16/BF16) = a's row idx[i, j, k] of matrix (j, k), dequantized */
+int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
+    const int qt = q_type_of(a);
+    if (qt < 0 || !q_view_ok(a, qt) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || !is_float(d->type) ||
+        d->ne[0] != a->ne[0] || idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] ||
+        a->ne[2] < d->ne[2] || a->ne[3] < d->ne[3])
+        return -1;
+    const int64_t n0 = d->ne[0], nr = nrows_of(d);
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+        if (!tmp) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!tmp) continue;
+            int64_t i, j, k;
+            unravel_row(d, ir, &i, &j, &k);
+            int32_t r;
+            memcpy(&r, ELT(idx, i, j, k, 0), 4);
+            if (r < 0 || r >= a->ne[1]) continue; /* validated by the caller; never read outside */
+            q_row_dequant(qt, ELT(a, 0, r, j, k), tmp, n0);
+            char *dr = ELT(d, 0, i, j, k);
+            for (int64_t e = 0; e < n0; e++) store_f32(dr + e * d->nb[0], d->type, tmp[e]);
+        }
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}
+
+/* element L (row-major over ne) of t */
+static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
+    const int64_t i0 = L % t->ne[0], i1 = (L / t->ne[0]) % t->ne[1], i2 = (L / (t->ne[0] * t->ne[1])) % t->ne[2];
+    const int64_t i3 = L / (t->ne[0] * t->ne[1] * t->ne[2]);
+    return ELT(t, i0, i1, i2, i3);
+}
+
+/* CPY/DUP/CONT with a quantized side, elements in row-major order as ggml: quantized -> F32/F16/BF16
+   dequantizes, F32/F16/BF16 -> quantized quantizes each destination row (mode: as csimd_q_quantize),
+   the same quantized type copies the blocks (in row-major order, rows of any whole-block length) */
+int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth) {
+    const int qa = q_type_of(a), qd = q_type_of(d);
+    if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d) || (qa < 0 && qd < 0) || mode < 0 || mode > 1) return -1;
+    if (qa >= 0 && !q_view_ok(a, qa)) return -1;
+    if (qd >= 0 && (!q_view_ok(d, qd) || (qa < 0 && !q_has_quantizer(qd)))) return -1;
+    if ((qa < 0 && !is_float(a->type)) || (qd < 0 && !is_float(d->type))) return -1;
+    if (qa >= 0 && qd >= 0 && qa != qd) return -1;
+    const csimd_tensor *rows = qd >= 0 ? d : a; /* the quantized side sets the rows */
+    const int64_t n0 = rows->ne[0], nr = nrows_of(rows);
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+        if (!tmp) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!tmp) continue;
+            int64_t i1, i2, i3;
+            unravel_row(rows, ir, &i1, &i2, &i3);
+            if (qa >= 0 && qd >= 0) { /* the blocks in row-major order (a CONT may change the row length) */
+                const int64_t be = q_block_elems(qa), bb = q_block_bytes(qa), bd = n0 / be, ba = a->ne[0] / be;
+                for (int64_t jb = 0; jb < bd; jb++) {
+                    const int64_t L = ir * bd + jb, ra = L / ba;
+                    int64_t j1, j2, j3;
+                    unravel_row(a, ra, &j1, &j2, &j3);
+                    memcpy(ELT(d, 0, i1, i2, i3) + jb * bb, ELT(a, 0, j1, j2, j3) + (L % ba) * bb, (size_t)bb);
+                }
+            } else if (qa >= 0) {
+                q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
+                for (int64_t e = 0; e < n0; e++) store_f32(q_elt_linear(d, ir * n0 + e), d->type, tmp[e]);
+            } else {
+                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
+                uint8_t *o = (uint8_t *)ELT(d, 0, i1, i2, i3);
+                const int be = q_block_elems(qd), bb = q_block_bytes(qd);
+                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, o + ib * bb);
+            }
+        }
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}
+
+/* SET_ROWS into a quantized d: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] quantized (mode: as
+   csimd_q_quantize); the other rows are left as they are. Indices are checked first. */
+int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth) {
+    const int qd = q_type_of(d);
+    if (qd < 0 || !q_view_ok(d, qd) || !q_has_quantizer(qd) || mode < 0 || mode > 1 || !nonneg(b) || !nonneg(c) ||
+        (c->type != CSIMD_I32 && c->type != CSIMD_I64) || !is_float(b->type) || b->ne[0] != d->ne[0] ||
+        b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] || c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 ||
+        c->ne[2] <= 0)
+        return -1;
+    const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
+    for (int64_t k = 0; k < c->ne[2]; k++)
+        for (int64_t j = 0; j < c->ne[1]; j++)
+            for (int64_t i = 0; i < m; i++) {
+                const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
+                if (r < 0 || r >= d->ne[1]) return -1;
+            }
+    const int be = q_block_elems(qd), bb = q_block_bytes(qd);
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+        if (!tmp) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t jk = 0; jk < nj * nk; jk++) {
+            if (!tmp) continue;
+            const int64_t j = jk % nj, k = jk / nj;
+            for (int64_t i = 0; i < m; i++) { /* in index order: a repeated index keeps the last row, as the reference */
+                const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
+                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ELT(b, e, i, j, k), b->type);
+                uint8_t *o = (uint8_t *)ELT(d, 0, r, j, k);
+                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, o + ib * bb);
+            }
+        }
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}
+
+/* a quantized a dequantized whole into a contiguous F32 copy (*t describes it; free t->data) */
+static int q_dequant_tensor(const csimd_tensor *a, int qt, csimd_tensor *t, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    float *buf = (float *)csimd_alloc((size_t)(n0 * nr) * 4 + 64);
+    if (!buf) return -2;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nr > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(a, ir, &i1, &i2, &i3);
+        q_row_dequant(qt, ELT(a, 0, i1, i2, i3), buf + ir * n0, n0);
+    }
+    t->data = (char *)buf;
+    t->type = CSIMD_F32;
+    for (int k = 0; k < 4; k++) t->ne[k] = a->ne[k];
+    t->nb[0] = 4;
+    t->nb[1] = 4 * n0;
+    t->nb[2] = t->nb[1] * a->ne[1];
+    t->nb[3] = t->nb[2] * a->ne[2];
+    return 0;
+}
+
+/* OUT_PROD with a quantized a: a dequantized once, then the F32 kernel */
+int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int qt = q_type_of(a);
+    if (qt < 0 || !q_view_ok(a, qt)) return -1;
+    csimd_tensor t;
+    int rc = q_dequant_tensor(a, qt, &t, nth);
+    if (rc) return rc;
+    rc = csimd_out_prod(&t, b, d, nth);
+    free(t.data);
+    return rc;
+}
+
+/* ADD with a quantized a, as ggml: each row of a dequantized, b (F32/F16/BF16, modulo broadcast) added in
+   float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize) or as F32 */
+int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth) {
+    const int qa = q_type_of(a), qd = q_type_of(d);
+    if (qa < 0 || !q_view_ok(a, qa) || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b) ||
+        !is_float(b->type) || mode < 0 || mode > 1)
+        return -1;
+    if (qd >= 0 ? (qd != qa || !q_view_ok(d, qd) || !q_has_quantizer(qd)) : d->type != CSIMD_F32) return -1;
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    const int be = q_block_elems(qa), bb = q_block_bytes(qa);
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+        if (!tmp) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            if (!tmp) continue;
+            int64_t i1, i2, i3;
+            unravel_row(a, ir, &i1, &i2, &i3);
+            q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
+            const char *br = ELT(b, 0, i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3]);
+            for (int64_t e = 0; e < n0; e++) tmp[e] += load_f32(br + (e % b->ne[0]) * b->nb[0], b->type);
+            char *dr = ELT(d, 0, i1, i2, i3);
+            if (qd >= 0) {
+                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, (uint8_t *)dr + ib * bb);
+            } else {
+                for (int64_t e = 0; e < n0; e++) memcpy(dr + e * d->nb[0], &tmp[e], 4);
+            }
+        }
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}

@@ -1,0 +1,793 @@
+/* Quantized kernels, part of the ISA template (included at the end of csimd_impl.h).
+
+   Every block format decodes to one form: int8 values q, one float scale per 16 elements and, for
+   the asymmetric formats, one float offset per 16 (value = scale*q + offset, the same float operations
+   gguf.quants' dequantizers do, so dequantize() is exact). The product of a weight row with an
+   activation row quantized to Q8_0/Q8_1/Q8_K is then sum over 4-element lanes of (int dot of the
+   lane) * wscale * ascale + sum over groups of offset * ascale * (sum of the group's activations):
+   one integer kernel for every format (AVX-512 VNNI, AVX2 maddubs/madd, scalar). The group sums
+   paired with the offsets are those of the F32 activations (ggml: of the quantized ones). Weight rows are
+   decoded once per tile of activation rows (QM_NC rows) and reused for all of them. */
+#include "csimd_quant.h"
+
+/* the AVX-512 copy needs BW and VNNI besides F (csimd_quant_api.h runs it only where the CPU has them) */
+#if ISA_LEVEL == 2
+#define QATTR __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+#else
+#define QATTR ATTR
+#endif
+
+#define QPAD 64 /* decoded rows are padded with zeros to a multiple of 64 elements */
+
+#ifndef CSIMD_QUANT_ONCE
+#define CSIMD_QUANT_ONCE
+/* a decoded weight row (K padded to Kp): q[Kp] (biased by 128 on the VNNI path), scale per lane
+   of 4, offset per group of 16 */
+typedef struct {
+    int8_t *q;
+    float *ls;
+    float *off;
+    int has_off;
+} q_wrow;
+
+/* an activation row: q[Kp], scale per lane of 4, -128 * (sum of the lane) (VNNI's bias removed),
+   the sum of each group of 16 (the offsets' partner: of the F32 values when quantized from F32,
+   else scale * the quantized sum) */
+typedef struct {
+    int8_t *q;
+    float *ls;
+    int32_t *nbias;
+    float *gsum;
+} q_arow;
+
+static inline int64_t q_pad(int64_t k) { return (k + QPAD - 1) / QPAD * QPAD; }
+static inline size_t q_arow_bytes(int64_t kp) { return (size_t)kp + (size_t)kp / 4 * 8 + (size_t)kp / 16 * 4; }
+static inline size_t q_wrow_bytes(int64_t kp) { return (size_t)kp + (size_t)kp + (size_t)kp / 16 * 4; }
+
+static void q_arow_at(q_arow *r, char *base, int64_t kp) {
+    r->ls = (float *)base;
+    r->nbias = (int32_t *)(base + kp);
+    r->gsum = (float *)(base + 2 * kp);
+    r->q = (int8_t *)(base + 2 * kp + kp / 4);
+}
+
+static void q_wrow_at(q_wrow *r, char *base, int64_t kp) {
+    r->ls = (float *)base;
+    r->off = (float *)(base + kp);
+    r->q = (int8_t *)(base + kp + kp / 4);
+}
+#endif
+
+/* ------------------------------------------------------------ block decoders */
+QATTR static void FN(q_dec_q4q5)(const uint8_t *b, int t, int8_t *q, float *sc, float *mn) {
+    const int one = t == Q_Q4_1 || t == Q_Q5_1, five = t == Q_Q5_0 || t == Q_Q5_1;
+    const float d = q_f16(b);
+    const uint8_t *qs = b + 2 + 2 * one + 4 * five;
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, b + 2 + 2 * one, 4);
+    const int bias = one ? 0 : (five ? 16 : 8);
+    for (int j = 0; j < 16; j++) {
+        const int lo = (qs[j] & 15) | (five ? (int)((qh >> j) & 1) << 4 : 0);
+        const int hi = (qs[j] >> 4) | (five ? (int)((qh >> (j + 16)) & 1) << 4 : 0);
+        q[j] = (int8_t)(lo - bias);
+        q[j + 16] = (int8_t)(hi - bias);
+    }
+    sc[0] = sc[1] = d;
+    if (one) mn[0] = mn[1] = q_f16(b + 2);
+}
+
+QATTR static void FN(q_dec_q8)(const uint8_t *b, int t, int8_t *q, float *sc) {
+    if (t == Q_Q8_K) {
+        float d;
+        memcpy(&d, b, 4);
+        memcpy(q, b + 4, 256);
+        for (int g = 0; g < 16; g++) sc[g] = d;
+        return;
+    }
+    sc[0] = sc[1] = q_f16(b);
+    memcpy(q, b + (t == Q_Q8_1 ? 4 : 2), 32);
+}
+
+QATTR static void FN(q_dec_q2_k)(const uint8_t *b, int8_t *q, float *sc, float *mn) {
+    const uint8_t *scales = b, *qs = b + 16;
+    const float d = q_f16(b + 80), dmin = q_f16(b + 82);
+    for (int g = 0; g < 16; g++) {
+        sc[g] = d * (float)(scales[g] & 15);
+        mn[g] = -(dmin * (float)(scales[g] >> 4));
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) q[128 * h + 32 * j + l] = (int8_t)((qs[32 * h + l] >> (2 * j)) & 3);
+}
+
+QATTR static void FN(q_dec_q3_k)(const uint8_t *b, int8_t *q, float *sc) {
+    const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+    const float d = q_f16(b + 108);
+    for (int i = 0; i < 16; i++) {
+        const int low = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4), high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = d * (float)((low | (high << 4)) - 32);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                const int e = 128 * h + 32 * j + l, hb = (hm[l] >> (4 * h + j)) & 1;
+                q[e] = (int8_t)(((qs[32 * h + l] >> (2 * j)) & 3) - (hb ? 0 : 4));
+            }
+}
+
+QATTR static void FN(q_dec_q4q5_k)(const uint8_t *b, int five, int8_t *q, float *sc, float *mn) {
+    const float d = q_f16(b), dmin = q_f16(b + 2);
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int j = 0; j < 8; j++) {
+        int a, m;
+        q_k_scale_min(s, j, &a, &m);
+        sc[2 * j] = sc[2 * j + 1] = d * (float)a;
+        mn[2 * j] = mn[2 * j + 1] = -(dmin * (float)m);
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            int lo = qs[32 * c + l] & 15, hi = qs[32 * c + l] >> 4;
+            if (five) {
+                lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+            q[64 * c + l] = (int8_t)lo;
+            q[64 * c + 32 + l] = (int8_t)hi;
+        }
+}
+
+QATTR static void FN(q_dec_q6_k)(const uint8_t *b, int8_t *q, float *sc) {
+    const float d = q_f16(b + 208);
+    const int8_t *s = (const int8_t *)(b + 192);
+    for (int g = 0; g < 16; g++) sc[g] = d * (float)s[g];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        int8_t *o = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+QATTR static void FN(q_dec_nl)(const uint8_t *qs, const int8_t *kv, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = kv[qs[j] & 15];
+        q[j + 16] = kv[qs[j] >> 4];
+    }
+}
+
+QATTR static void FN(q_dec_iq4_xs)(const uint8_t *b, int8_t *q, float *sc) {
+    const float d = q_f16(b);
+    uint16_t sh;
+    memcpy(&sh, b + 2, 2);
+    for (int ib = 0; ib < 8; ib++) {
+        const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);
+        sc[2 * ib] = sc[2 * ib + 1] = d * (float)(ls - 32);
+        FN(q_dec_nl)(b + 8 + 16 * ib, kvalues_iq4nl, q + 32 * ib);
+    }
+}
+
+QATTR static void FN(q_dec_tq)(const uint8_t *b, int t, int8_t *q, float *sc) {
+    if (t == Q_TQ2_0) {
+        for (int c = 0; c < 2; c++)
+            for (int n = 0; n < 4; n++)
+                for (int j = 0; j < 32; j++) q[128 * c + 32 * n + j] = (int8_t)(((b[32 * c + j] >> (2 * n)) & 3) - 1);
+        const float d = q_f16(b + 64);
+        for (int g = 0; g < 16; g++) sc[g] = d;
+        return;
+    }
+    static const uint8_t pw[5] = {1, 3, 9, 27, 81};
+    for (int n = 0; n < 5; n++) {
+        for (int j = 0; j < 32; j++) q[32 * n + j] = (int8_t)((((uint8_t)(b[j] * pw[n])) * 3u >> 8) - 1);
+        for (int j = 0; j < 16; j++) q[160 + 16 * n + j] = (int8_t)((((uint8_t)(b[32 + j] * pw[n])) * 3u >> 8) - 1);
+    }
+    for (int n = 0; n < 4; n++)
+        for (int j = 0; j < 4; j++) q[240 + 4 * n + j] = (int8_t)((((uint8_t)(b[48 + j] * pw[n])) * 3u >> 8) - 1);
+    const float d = q_f16(b + 52);
+    for (int g = 0; g < 16; g++) sc[g] = d;
+}
+
+QATTR static void FN(q_dec_iq)(const uint8_t *b, int t, int8_t *q, float *sc) {
+    if (t == Q_IQ1_M) { /* the fp16 scale is spread over the top nibbles of the four 16-bit scale words */
+        uint16_t sw[4];
+        memcpy(sw, b + 48, 8);
+        const uint16_t dh = (uint16_t)((sw[0] >> 12) | ((sw[1] >> 8) & 0xf0) | ((sw[2] >> 4) & 0xf00) | (sw[3] & 0xf000));
+        const float d = f16_to_f32_sw(dh);
+        const uint8_t *qs = b, *qh = b + 32;
+        for (int ib = 0; ib < 8; ib++) {
+            for (int h = 0; h < 2; h++) {
+                const int s = (sw[ib / 2] >> (6 * (ib % 2) + 3 * h)) & 7;
+                sc[2 * ib + h] = d * (float)(2 * s + 1) * 0.125f; /* q holds 8 * (grid +- 1/8) */
+            }
+            for (int k = 0; k < 4; k++) {
+                const int nib = (qh[2 * ib + k / 2] >> (4 * (k % 2))) & 15;
+                const int8_t *g = iq1s_grid[qs[4 * ib + k] | ((nib & 7) << 8)];
+                const int delta = nib & 8 ? -1 : 1;
+                for (int j = 0; j < 8; j++) q[32 * ib + 8 * k + j] = (int8_t)(8 * g[j] + delta);
+            }
+        }
+        return;
+    }
+    const float d = q_f16(b);
+    const uint8_t *p = b + 2;
+    switch (t) {
+    case Q_IQ2_XXS:
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t a0, a1;
+            memcpy(&a0, p + 8 * ib, 4);
+            memcpy(&a1, p + 8 * ib + 4, 4);
+            sc[2 * ib] = sc[2 * ib + 1] = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int k = 0; k < 4; k++)
+                q_grid8(q + 32 * ib + 8 * k, iq2xxs_grid[(a0 >> (8 * k)) & 255], ksigns_iq2xs[(a1 >> (7 * k)) & 127]);
+        }
+        break;
+    case Q_IQ2_XS:
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t s = p[64 + ib];
+            sc[2 * ib] = d * (0.5f + (float)(s & 15)) * 0.25f;
+            sc[2 * ib + 1] = d * (0.5f + (float)(s >> 4)) * 0.25f;
+            for (int k = 0; k < 4; k++) {
+                uint16_t v;
+                memcpy(&v, p + 8 * ib + 2 * k, 2);
+                q_grid8(q + 32 * ib + 8 * k, iq2xs_grid[v & 511], ksigns_iq2xs[v >> 9]);
+            }
+        }
+        break;
+    case Q_IQ2_S: {
+        const uint8_t *qs = p, *signs = p + 32, *qh = p + 64, *scales = p + 72;
+        for (int ib = 0; ib < 8; ib++) {
+            sc[2 * ib] = d * (0.5f + (float)(scales[ib] & 15)) * 0.25f;
+            sc[2 * ib + 1] = d * (0.5f + (float)(scales[ib] >> 4)) * 0.25f;
+            for (int k = 0; k < 4; k++) {
+                const int i = 4 * ib + k;
+                q_grid8(q + 8 * i, iq2s_grid[qs[i] | (((qh[ib] >> (2 * k)) & 3) << 8)], signs[i]);
+            }
+        }
+        break;
+    }
+    case Q_IQ3_XXS: {
+        const uint8_t *qs = p, *ss = p + 64;
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t a;
+            memcpy(&a, ss + 4 * ib, 4);
+            sc[2 * ib] = sc[2 * ib + 1] = d * (0.5f + (float)(a >> 28)) * 0.5f;
+            for (int k = 0; k < 4; k++) {
+                const unsigned s = ksigns_iq2xs[(a >> (7 * k)) & 127];
+                q_grid4(q + 32 * ib + 8 * k, iq3xxs_grid[qs[8 * ib + 2 * k]], s);
+                q_grid4(q + 32 * ib + 8 * k + 4, iq3xxs_grid[qs[8 * ib + 2 * k + 1]], s >> 4);
+            }
+        }
+        break;
+    }
+    case Q_IQ3_S: {
+        const uint8_t *qs = p, *qh = p + 64, *signs = p + 72, *scales = p + 104;
+        for (int ib = 0; ib < 8; ib++) {
+            sc[2 * ib] = sc[2 * ib + 1] = d * (float)(1 + 2 * ((scales[ib / 2] >> (4 * (ib % 2))) & 15));
+            for (int r = 0; r < 8; r++) {
+                const int i = 8 * ib + r;
+                q_grid4(q + 4 * i, iq3s_grid[qs[i] | (((qh[i / 8] >> (i % 8)) & 1) << 8)], signs[i / 2] >> (4 * (i % 2)));
+            }
+        }
+        break;
+    }
+    case Q_IQ1_S: {
+        const uint8_t *qs = p;
+        for (int ib = 0; ib < 8; ib++) {
+            uint16_t h;
+            memcpy(&h, p + 32 + 2 * ib, 2);
+            sc[2 * ib] = sc[2 * ib + 1] = d * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f;
+            const int delta = h & 0x8000 ? -1 : 1;
+            for (int k = 0; k < 4; k++) {
+                const int8_t *g = iq1s_grid[qs[4 * ib + k] | (((h >> (3 * k)) & 7) << 8)];
+                for (int j = 0; j < 8; j++) q[32 * ib + 8 * k + j] = (int8_t)(8 * g[j] + delta);
+            }
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+/* one block of type t: q[elems], sc[elems/16], mn[elems/16] (offset formats only) */
+QATTR static void FN(q_decode)(int t, const uint8_t *b, int8_t *q, float *sc, float *mn) {
+    switch (t) {
+    case Q_Q4_0: case Q_Q4_1: case Q_Q5_0: case Q_Q5_1: FN(q_dec_q4q5)(b, t, q, sc, mn); break;
+    case Q_Q8_0: case Q_Q8_1: case Q_Q8_K: FN(q_dec_q8)(b, t, q, sc); break;
+    case Q_Q2_K: FN(q_dec_q2_k)(b, q, sc, mn); break;
+    case Q_Q3_K: FN(q_dec_q3_k)(b, q, sc); break;
+    case Q_Q4_K: FN(q_dec_q4q5_k)(b, 0, q, sc, mn); break;
+    case Q_Q5_K: FN(q_dec_q4q5_k)(b, 1, q, sc, mn); break;
+    case Q_Q6_K: FN(q_dec_q6_k)(b, q, sc); break;
+    case Q_IQ4_NL: sc[0] = sc[1] = q_f16(b); FN(q_dec_nl)(b + 2, kvalues_iq4nl, q); break;
+    case Q_MXFP4: sc[0] = sc[1] = q_e8m0_half(b[0]); FN(q_dec_nl)(b + 1, kvalues_mxfp4, q); break;
+    case Q_IQ4_XS: FN(q_dec_iq4_xs)(b, q, sc); break;
+    case Q_TQ1_0: case Q_TQ2_0: FN(q_dec_tq)(b, t, q, sc); break;
+    default: FN(q_dec_iq)(b, t, q, sc); break;
+    }
+}
+
+/* n elements (a multiple of the block) of type t -> F32: scale*q (+ offset), each rounded as gguf.quants
+   rounds it (no fused multiply-add) */
+QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant_row)(int t, const uint8_t *src, float *dst,
+                                                                              int64_t n) {
+    const int be = q_block_elems(t), bb = q_block_bytes(t), off = q_has_offset(t);
+    int8_t q[256];
+    float sc[16], mn[16];
+    for (int64_t ib = 0; ib < n / be; ib++) {
+        FN(q_decode)(t, src + ib * bb, q, sc, mn);
+        float *y = dst + ib * be;
+        for (int g = 0; g < be / 16; g++) {
+            const float s = sc[g];
+            if (off) {
+                const float m = mn[g];
+                for (int j = 0; j < 16; j++) {
+                    const float p = s * (float)q[16 * g + j];
+                    y[16 * g + j] = p + m;
+                }
+            } else {
+                for (int j = 0; j < 16; j++) y[16 * g + j] = s * (float)q[16 * g + j];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ decoded rows */
+#if ISA_LEVEL == 2
+#define Q_VNNI 1 /* the AVX-512 path runs only where the CPU has VNNI (csimd_quant_api.h) */
+#else
+#define Q_VNNI 0
+#endif
+#define QBIAS_PAD (Q_VNNI ? 0x80 : 0) /* a zero weight as stored */
+
+/* Vectorised decoders of the formats the benchmarks and the Gemma 3 models use (Q4_0, Q5_0, Q8_0,
+   Q4_K, Q6_K): whole rows with 32-byte vector operations, the VNNI bias folded in. Results are the
+   same int8 values and scales as q_decode's. */
+#define QV CAT(qv, SFX)
+#define QVF CAT(qvf, SFX)
+typedef uint8_t QV __attribute__((vector_size(32)));
+typedef float QVF __attribute__((vector_size(32)));
+#define QBIAS (Q_VNNI ? 128 : 0)
+
+#define QV16 CAT(qv16, SFX)
+typedef uint8_t QV16 __attribute__((vector_size(16)));
+#define QV_LOAD(v, p) memcpy(&(v), (p), sizeof(v))
+#define QV_STORE(p, v) memcpy((p), &(v), sizeof(v))
+
+/* fp16 -> f32 of a block's scale: F16C where the path has it (the software conversion is exact too) */
+QATTR static inline float FN(q_h2f)(const uint8_t *p) {
+#if ISA_LEVEL >= 1
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+#else
+    return q_f16(p);
+#endif
+}
+
+QATTR static inline void FN(qv_scale8)(float *ls, float d) { /* 8 lanes of 4 elements: one 32-element sub-block */
+    const QVF v = (QVF){0} + d;
+    memcpy(ls, &v, 32);
+}
+
+/* a 32-element block from 16 bytes of nibbles (element j: low nibble of byte j, j + 16: high), the
+   fifth bits of qh (bit j: element j) when five, plus the bias */
+QATTR static inline void FN(qv_nibbles)(int8_t *q, const uint8_t *qs, int five, uint32_t qh, uint8_t bias) {
+    QV16 v, lo, hi;
+    QV_LOAD(v, qs);
+    lo = (v & 15) + bias;
+    hi = (v >> 4) + bias;
+    if (five) {
+        const QV16 sel = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+        const QV16 idx = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+        QV16 bytes = {0};
+        bytes[0] = (uint8_t)qh;
+        bytes[1] = (uint8_t)(qh >> 8);
+        bytes[2] = (uint8_t)(qh >> 16);
+        bytes[3] = (uint8_t)(qh >> 24);
+        const QV16 b0 = __builtin_shuffle(bytes, idx), b1 = __builtin_shuffle(bytes, idx + 2);
+        lo += (QV16)((b0 & sel) != 0) & 16;
+        hi += (QV16)((b1 & sel) != 0) & 16;
+    }
+    QV_STORE(q, lo);
+    QV_STORE(q + 16, hi);
+}
+
+QATTR static int FN(q_wrow_fill_fast)(int t, const uint8_t *src, int64_t K, q_wrow *w) {
+    switch (t) {
+    case Q_Q4_0: case Q_Q5_0: case Q_Q8_0: {
+        const int bb = q_block_bytes(t);
+        for (int64_t ib = 0; ib < K / 32; ib++) {
+            const uint8_t *b = src + ib * bb;
+            if (t == Q_Q8_0) {
+                QV q;
+                QV_LOAD(q, b + 2);
+                q += (uint8_t)QBIAS;
+                QV_STORE(w->q + 32 * ib, q);
+            } else if (t == Q_Q4_0) {
+                FN(qv_nibbles)(w->q + 32 * ib, b + 2, 0, 0, (uint8_t)(QBIAS - 8));
+            } else {
+                uint32_t qh;
+                memcpy(&qh, b + 2, 4);
+                FN(qv_nibbles)(w->q + 32 * ib, b + 6, 1, qh, (uint8_t)(QBIAS - 16));
+            }
+            FN(qv_scale8)(w->ls + 8 * ib, FN(q_h2f)(b));
+        }
+        w->has_off = 0;
+        return 1;
+    }
+    case Q_Q4_K:
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = src + ib * 144;
+            const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
+            for (int c = 0; c < 4; c++) {
+                QV v, lo, hi;
+                QV_LOAD(v, b + 16 + 32 * c);
+                lo = (v & 15) + (uint8_t)QBIAS;
+                hi = (v >> 4) + (uint8_t)QBIAS;
+                QV_STORE(w->q + 256 * ib + 64 * c, lo);
+                QV_STORE(w->q + 256 * ib + 64 * c + 32, hi);
+            }
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                q_k_scale_min(b + 4, j, &sc, &m);
+                FN(qv_scale8)(w->ls + 64 * ib + 8 * j, d * (float)sc);
+                w->off[16 * ib + 2 * j] = w->off[16 * ib + 2 * j + 1] = -(dmin * (float)m);
+            }
+        }
+        w->has_off = 1;
+        return 1;
+    case Q_Q6_K:
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = src + ib * 210;
+            const float d = FN(q_h2f)(b + 208);
+            const int8_t *s = (const int8_t *)(b + 192);
+            for (int h = 0; h < 2; h++) {
+                QV l0, l1, hh, e0, e1, e2, e3;
+                QV_LOAD(l0, b + 64 * h);
+                QV_LOAD(l1, b + 64 * h + 32);
+                QV_LOAD(hh, b + 128 + 32 * h);
+                int8_t *o = w->q + 256 * ib + 128 * h;
+                const uint8_t bias = (uint8_t)(QBIAS - 32);
+                e0 = ((l0 & 15) | ((hh & 3) << 4)) + bias;
+                e1 = ((l1 & 15) | (((hh >> 2) & 3) << 4)) + bias;
+                e2 = ((l0 >> 4) | (((hh >> 4) & 3) << 4)) + bias;
+                e3 = ((l1 >> 4) | (((hh >> 6) & 3) << 4)) + bias;
+                QV_STORE(o, e0);
+                QV_STORE(o + 32, e1);
+                QV_STORE(o + 64, e2);
+                QV_STORE(o + 96, e3);
+            }
+            for (int g = 0; g < 16; g++) {
+                float *ls = w->ls + 64 * ib + 4 * g;
+                ls[0] = ls[1] = ls[2] = ls[3] = d * (float)s[g];
+            }
+        }
+        w->has_off = 0;
+        return 1;
+    default: return 0;
+    }
+}
+#undef QBIAS
+
+/* a weight row (K elements of type t) into its decoded form; the padding is zero */
+QATTR static void FN(q_wrow_fill)(int t, const uint8_t *src, int64_t K, int64_t kp, q_wrow *w) {
+    if (FN(q_wrow_fill_fast)(t, src, K, w)) {
+        memset(w->q + K, QBIAS_PAD, (size_t)(kp - K));
+        for (int64_t l = K / 4; l < kp / 4; l++) w->ls[l] = 0.0f;
+        if (w->has_off)
+            for (int64_t g = K / 16; g < kp / 16; g++) w->off[g] = 0.0f;
+        return;
+    }
+    const int be = q_block_elems(t), bb = q_block_bytes(t), ng = be / 16;
+    float sc[16], mn[16];
+    w->has_off = q_has_offset(t);
+    for (int64_t ib = 0; ib < K / be; ib++) {
+        FN(q_decode)(t, src + ib * bb, w->q + ib * be, sc, mn);
+        for (int g = 0; g < ng; g++) {
+            float *ls = w->ls + (ib * be + 16 * g) / 4;
+            ls[0] = ls[1] = ls[2] = ls[3] = sc[g];
+            if (w->has_off) w->off[ib * ng + g] = mn[g];
+        }
+    }
+    memset(w->q + K, 0, (size_t)(kp - K));
+    for (int64_t l = K / 4; l < kp / 4; l++) w->ls[l] = 0.0f;
+    if (w->has_off)
+        for (int64_t g = K / 16; g < kp / 16; g++) w->off[g] = 0.0f;
+#if Q_VNNI
+    for (int64_t i = 0; i < kp; i++) w->q[i] = (int8_t)((uint8_t)w->q[i] ^ 0x80u); /* u8 = q + 128 */
+#endif
+}
+
+/* an activation row already in an activation format (Q8_0/Q8_1/Q8_K blocks) into its decoded form */
+QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, int64_t kp, q_arow *a) {
+    const int be = q_block_elems(at), bb = q_block_bytes(at);
+    float sc[16], mn[16];
+    for (int64_t ib = 0; ib < K / be; ib++) {
+        FN(q_decode)(at, src + ib * bb, a->q + ib * be, sc, mn);
+        for (int g = 0; g < be / 16; g++) {
+            float *ls = a->ls + (ib * be + 16 * g) / 4;
+            ls[0] = ls[1] = ls[2] = ls[3] = sc[g];
+        }
+    }
+    memset(a->q + K, 0, (size_t)(kp - K));
+    for (int64_t l = K / 4; l < kp / 4; l++) a->ls[l] = 0.0f;
+    for (int64_t l = 0; l < kp / 4; l++) {
+        const int8_t *x = a->q + 4 * l;
+        a->nbias[l] = -128 * ((int32_t)x[0] + x[1] + x[2] + x[3]);
+    }
+    for (int64_t g = 0; g < kp / 16; g++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) s += a->q[16 * g + j];
+        a->gsum[g] = a->ls[4 * g] * (float)s;
+    }
+}
+
+/* an F32 row quantized to the activation type `at` as ggml's CPU backend does, then decoded */
+QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
+    const int be = q_block_elems(at), bb = q_block_bytes(at);
+    for (int64_t ib = 0; ib < K / be; ib++) q_quantize_block(at, 0, x + ib * be, tmp + ib * bb);
+    FN(q_arow_fill_blocks)(at, tmp, K, kp, a);
+    /* The offsets' partner from the unrounded activations: ggml uses the sums of the quantized ones
+       (Q8_1's s, Q8_K's bsums); the exact sums cost nothing here and keep a large offset (a big
+       dmin * min) from amplifying the activations' rounding. */
+    for (int64_t g = 0; g < K / 16; g++) {
+        double s = 0.0;
+        for (int j = 0; j < 16; j++) s += (double)x[16 * g + j];
+        a->gsum[g] = (float)s;
+    }
+}
+
+/* ------------------------------------------------------------ integer dot products */
+/* out[r] = w[r] . a for R (1..4) decoded weight rows against one activation row */
+QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out) {
+#if ISA_LEVEL == 2
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = 0; k < kp; k += 64) {
+        const __m512i av = _mm512_loadu_si512((const void *)(a->q + k));
+        const __m512i nb = _mm512_loadu_si512((const void *)(a->nbias + k / 4));
+        const __m512 as = _mm512_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const __m512i s = _mm512_dpbusd_epi32(nb, _mm512_loadu_si512((const void *)(w[r].q + k)), av);
+            const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(w[r].ls + k / 4), as);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+#elif ISA_LEVEL == 1
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t k = 0; k < kp; k += 32) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w[r].q + k));
+            /* |w| * (a with w's sign): unsigned x signed pairs, at most 2 * 128 * 127 (no saturation) */
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+            const __m256i s = _mm256_madd_epi16(p, ones);
+            const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(w[r].ls + k / 4), as);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    }
+#else
+    for (int r = 0; r < R; r++) {
+        float acc[4] = {0, 0, 0, 0};
+        const int8_t *wq = w[r].q, *aq = a->q;
+        for (int64_t l = 0; l < kp / 4; l++) {
+            const int32_t s = (int32_t)wq[4 * l] * aq[4 * l] + (int32_t)wq[4 * l + 1] * aq[4 * l + 1] +
+                              (int32_t)wq[4 * l + 2] * aq[4 * l + 2] + (int32_t)wq[4 * l + 3] * aq[4 * l + 3];
+            acc[l & 3] += (float)s * (w[r].ls[l] * a->ls[l]);
+        }
+        out[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+#endif
+    for (int r = 0; r < R; r++) {
+        if (!w[r].has_off) continue;
+        float s = 0.0f;
+        for (int64_t g = 0; g < kp / 16; g++) s += w[r].off[g] * a->gsum[g];
+        out[r] += s;
+    }
+}
+
+/* ------------------------------------------------------------ mul_mat, mul_mat_id */
+#define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
+
+/* every row of b ([K, ne1, ne2, ne3] F32, any strides) quantized to `at` and decoded, row r = (n, i2, i3)
+   in order, into acts (q_arow_bytes(kp) each); 0 or -2 (out of memory) */
+QATTR static int FN(q_quant_acts)(int at, const csimd_tensor *b, int64_t kp, char *acts, int nth) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nrows = N * B2 * b->ne[3];
+    const size_t ab = q_arow_bytes(kp);
+    int failed = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1 && nrows > 1) reduction(| : failed)
+    {
+        float *xrow = (float *)csimd_alloc((size_t)K * 4 + 64);
+        uint8_t *tmp = (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320); /* Q8_K: 292 bytes per 256 */
+        if (!xrow || !tmp) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < nrows; r++) {
+            if (!xrow || !tmp) continue;
+            const char *src = ELT(b, 0, r % N, (r / N) % B2, r / (N * B2));
+            const float *x = (const float *)src;
+            if (b->nb[0] != 4) {
+                for (int64_t k = 0; k < K; k++) memcpy(xrow + k, src + k * b->nb[0], 4);
+                x = xrow;
+            }
+            q_arow ar;
+            q_arow_at(&ar, acts + ab * (size_t)r, kp);
+            FN(q_arow_fill_f32)(at, x, K, kp, &ar, tmp);
+        }
+        free(xrow);
+        free(tmp);
+    }
+    return failed ? -2 : 0;
+}
+
+/* Groups of activation rows against one weight matrix each (mul_mat: one group per batch matrix,
+   mul_mat_id: one per expert). Group g: weight rows at gw[g] + m * wnb1 (m < M), activation rows
+   arow[goff[g] .. goff[g+1]) of acts, results out[j][m]. Threads take (group, tile of QM_NC activation
+   rows, range of weight rows) items; each weight row is decoded once per item. */
+QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, int64_t ngroups, const char *const *gw,
+                                   const int64_t *goff, const int64_t *arow, float *const *out, const char *acts,
+                                   int64_t kp, int nth) {
+    const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
+    int64_t ntiles = 0;
+    for (int64_t g = 0; g < ngroups; g++) ntiles += (goff[g + 1] - goff[g] + QM_NC - 1) / QM_NC;
+    if (ntiles == 0) return 0;
+    int64_t *tile = (int64_t *)malloc((size_t)ntiles * 2 * sizeof(int64_t)); /* (group, first row) */
+    if (!tile) return -2;
+    int64_t nt = 0;
+    for (int64_t g = 0; g < ngroups; g++)
+        for (int64_t j = goff[g]; j < goff[g + 1]; j += QM_NC) {
+            tile[2 * nt] = g;
+            tile[2 * nt + 1] = j;
+            nt++;
+        }
+    int64_t mi = M * ntiles / (8 * (int64_t)nth);
+    mi = mi < 4 ? 4 : mi > 256 ? 256 : (mi + 3) / 4 * 4;
+    if (mi > M) mi = (M + 3) / 4 * 4;
+    const int64_t tiles_m = (M + mi - 1) / mi, items = ntiles * tiles_m;
+    int failed = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1 && items > 1) reduction(| : failed)
+    {
+        char *wbuf = (char *)csimd_alloc(wb * 4);
+        if (!wbuf) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!wbuf) continue;
+            const int64_t tm = it % tiles_m, ti = it / tiles_m, g = tile[2 * ti], j0 = tile[2 * ti + 1];
+            const int64_t j1 = j0 + QM_NC < goff[g + 1] ? j0 + QM_NC : goff[g + 1];
+            const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
+            q_wrow w[4];
+            for (int r = 0; r < 4; r++) q_wrow_at(&w[r], wbuf + wb * (size_t)r, kp);
+            for (int64_t m = m0; m < m1; m += 4) {
+                const int R = (int)(m1 - m < 4 ? m1 - m : 4);
+                for (int r = 0; r < R; r++) FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
+                for (int64_t j = j0; j < j1; j++) {
+                    q_arow ar;
+                    q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
+                    float o[4];
+                    FN(q_dot)(w, R, &ar, kp, o);
+                    for (int r = 0; r < R; r++) out[j][m + r] = o[r];
+                }
+            }
+        }
+        free(wbuf);
+    }
+    free(tile);
+    return failed ? -2 : 0;
+}
+
+/* d[m, n, i2, i3] = a[:, m, i2/r2, i3/r3] . b[:, n, i2, i3]; a quantized (type qa), b F32 rows quantized to `at` */
+QATTR static int FN(q_mul_mat)(int qa, int at, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d,
+                               int nth) {
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
+    const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3], kp = q_pad(K), nrows = N * B2 * B3, ng = B2 * B3;
+    char *acts = (char *)csimd_alloc(q_arow_bytes(kp) * (size_t)nrows);
+    const char **gw = (const char **)malloc((size_t)ng * sizeof(char *));
+    int64_t *goff = (int64_t *)malloc((size_t)(ng + 1) * sizeof(int64_t)), *arow = (int64_t *)malloc((size_t)nrows * 8);
+    float **out = (float **)malloc((size_t)nrows * sizeof(float *));
+    int rc = -2;
+    if (acts && gw && goff && arow && out) {
+        for (int64_t g = 0; g < ng; g++) {
+            const int64_t i2 = g % B2, i3 = g / B2;
+            gw[g] = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
+            goff[g] = g * N;
+            for (int64_t n = 0; n < N; n++) {
+                arow[g * N + n] = g * N + n;
+                out[g * N + n] = (float *)ELT(d, 0, n, i2, i3);
+            }
+        }
+        goff[ng] = nrows;
+        rc = FN(q_quant_acts)(at, b, kp, acts, nth);
+        if (rc == 0) rc = FN(q_gemm_groups)(qa, K, M, a->nb[1], ng, gw, goff, arow, out, acts, kp, nth);
+    }
+    free(acts);
+    free(gw);
+    free(goff);
+    free(arow);
+    free(out);
+    return rc;
+}
+
+/* MUL_MAT_ID: d[:, e, t] = w[:, :, ids[e, t]] . b[:, e mod b.ne[1], t]; ids validated by the caller. The
+   (slot, token) pairs are grouped by expert, so each expert's rows are decoded once per tile of its tokens. */
+QATTR static int FN(q_mul_mat_id)(int qa, int at, const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids,
+                                  const csimd_tensor *d, int nth) {
+    const int64_t K = w->ne[0], M = w->ne[1], E = w->ne[2], n_used = ids->ne[0], n_tok = ids->ne[1], nb1 = b->ne[1];
+    const int64_t kp = q_pad(K), npairs = n_used * n_tok;
+    char *acts = (char *)csimd_alloc(q_arow_bytes(kp) * (size_t)(nb1 * n_tok));
+    const char **gw = (const char **)malloc((size_t)E * sizeof(char *));
+    int64_t *goff = (int64_t *)calloc((size_t)(E + 1), sizeof(int64_t)), *arow = (int64_t *)malloc((size_t)npairs * 8);
+    int64_t *fill = (int64_t *)malloc((size_t)(E + 1) * sizeof(int64_t));
+    float **out = (float **)malloc((size_t)npairs * sizeof(float *));
+    int rc = -2;
+    if (acts && gw && goff && arow && out && fill) {
+        for (int64_t p = 0; p < npairs; p++) {
+            int32_t x;
+            memcpy(&x, ELT(ids, p % n_used, p / n_used, 0, 0), 4);
+            goff[x + 1]++;
+        }
+        for (int64_t x = 0; x < E; x++) {
+            goff[x + 1] += goff[x];
+            gw[x] = w->data + x * w->nb[2];
+        }
+        memcpy(fill, goff, (size_t)(E + 1) * sizeof(int64_t));
+        for (int64_t p = 0; p < npairs; p++) {
+            const int64_t e = p % n_used, t = p / n_used;
+            int32_t x;
+            memcpy(&x, ELT(ids, e, t, 0, 0), 4);
+            const int64_t j = fill[x]++;
+            arow[j] = t * nb1 + e % nb1;
+            out[j] = (float *)ELT(d, 0, e, t, 0);
+        }
+        rc = FN(q_quant_acts)(at, b, kp, acts, nth);
+        if (rc == 0) rc = FN(q_gemm_groups)(qa, K, M, w->nb[1], E, gw, goff, arow, out, acts, kp, nth);
+    }
+    free(acts);
+    free(gw);
+    free(goff);
+    free(arow);
+    free(fill);
+    free(out);
+    return rc;
+}
+
+/* raw dot products for tests: out[i] = w row i . a row i, both already in block form (a in `at`) */
+QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *a, int64_t K, int64_t rows, float *out) {
+    const int64_t kp = q_pad(K);
+    char *buf = (char *)csimd_alloc(q_wrow_bytes(kp) + q_arow_bytes(kp));
+    if (!buf) return -2;
+    q_wrow wr;
+    q_arow ar;
+    q_wrow_at(&wr, buf, kp);
+    q_arow_at(&ar, buf + q_wrow_bytes(kp), kp);
+    const int64_t wrb = K / q_block_elems(qw) * q_block_bytes(qw), arb = K / q_block_elems(at) * q_block_bytes(at);
+    for (int64_t i = 0; i < rows; i++) {
+        FN(q_wrow_fill)(qw, w + i * wrb, K, kp, &wr);
+        FN(q_arow_fill_blocks)(at, a + i * arb, K, kp, &ar);
+        FN(q_dot)(&wr, 1, &ar, kp, out + i);
+    }
+    free(buf);
+    return 0;
+}
+#undef Q_VNNI
+#undef QBIAS_PAD
+#undef QV
+#undef QVF
+#undef QV16
+#undef QV_LOAD
+#undef QV_STORE
+#undef QATTR
