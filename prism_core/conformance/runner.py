@@ -304,6 +304,34 @@ def unsupported_message(backend: Backend, missing: list) -> str:
     return f"does not support {keys}" + (f": {why}" if why else "")
 
 
+def _refusal(case: Case, backend: Backend, graph: Graph, detail: str) -> CaseResult | None:
+    """UNSUPPORTED when the backend refuses a node of the case (FAIL when supports() raises),
+    None when it claims them all."""
+    try:
+        missing = [n for n in graph.nodes
+                   if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
+    except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
+        return CaseResult(case, backend.name, FAIL, f"supports() {_crash(e)}", detail=detail)
+    if missing:
+        return CaseResult(case, backend.name, UNSUPPORTED, unsupported_message(backend, missing), detail=detail)
+    return None
+
+
+def refusal(case: Any, backend: Backend) -> CaseResult | None:
+    """The result of a forward case the backend does not claim (see _refusal), without
+    computing anything; None when it claims the case (or for gradient cases). Cases that are
+    not run after a crash or a hang of their op are still reported unsupported when they are."""
+    if not isinstance(case, Case):
+        return None
+    try:
+        _, graph, built = _build(case, 0)
+    except Exception:  # noqa: BLE001 - the run itself reports a case that cannot be built
+        return None
+    out = built.out
+    return _refusal(case, backend, graph, describe_node(out) if out.opdef is not None and not out.opdef.view_only
+                    else "")
+
+
 def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
              timeout: float | None = DEFAULT_TIMEOUT) -> CaseResult:
     reference = reference or REGISTRY.reference()
@@ -314,13 +342,9 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
 
     ctx, graph, built = _build(case, GUARD_BYTES)
     detail = describe_node(built.out) if built.out.opdef is not None and not built.out.opdef.view_only else ""
-    try:
-        missing = [n for n in graph.nodes
-                   if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
-    except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
-        return CaseResult(case, name, FAIL, f"supports() {_crash(e)}", detail=detail)
-    if missing:
-        return CaseResult(case, name, UNSUPPORTED, unsupported_message(backend, missing), detail=detail)
+    refused = _refusal(case, backend, graph, detail)
+    if refused is not None:
+        return refused
     snap = _Snapshot(ctx, graph, built)
     try:
         run_isolated(lambda: plan(graph, backend, strict=True, reuse=False).compute(), timeout)
@@ -385,7 +409,8 @@ def _run_all(backend: Backend, cases: list, one: Callable[[Any], CaseResult],
     results = []
     for c in cases:
         if c.key in hung:
-            r = CaseResult(c, backend.name, TIMEOUT, f"not run: {hung[c.key]} timed out on this backend")
+            r = refusal(c, backend) or CaseResult(c, backend.name, TIMEOUT,
+                                                  f"not run: {hung[c.key]} timed out on this backend")
         elif deadline is not None and time.monotonic() >= deadline:
             r = CaseResult(c, backend.name, NOT_RUN, "not run: the overall budget ran out")
         else:

@@ -243,12 +243,14 @@ class Worker:
         self.ready = True
         return ""
 
-    def run(self, indices: list[int], record: Callable[[int, dict], None], deadline: float | None,
-            stop: threading.Event | None) -> tuple[str, str]:
-        """Run cases ``indices`` in order, calling ``record(index, fields)`` per result. Returns
-        ("ok", ""), or (what, why) with what in crashed, timeout, budget, stopped: the case
-        after the last recorded one did not finish and the worker is gone."""
-        if not self._send(("run", indices)):
+    def run(self, indices: list[int], skip: dict[str, tuple[str, str]], record: Callable[[int, dict], None],
+            deadline: float | None, stop: threading.Event | None) -> tuple[str, str]:
+        """Run cases ``indices`` in order, calling ``record(index, fields)`` per result; the cases
+        of the ops in ``skip`` are only checked for support (op -> the status and message of
+        those the backend claims). Returns ("ok", ""), or (what, why) with what in crashed,
+        timeout, budget, stopped: the case after the last recorded one did not finish and the
+        worker is gone."""
+        if not self._send(("run", indices, skip)):
             return "crashed", self.death()
         while True:
             limit = None if not self.timeout else time.monotonic() + self.timeout
@@ -342,11 +344,10 @@ class BackendRun:
         pending = deque(indices)
         fp = fingerprint(self.cases)
         while pending:
-            while pending and (self.broken or self.cases[pending[0]].key in self.skip):
+            while pending and self.broken:
                 i = pending.popleft()
-                status, msg = (CRASHED, f"not run: the worker could not start: {self.broken}") if self.broken \
-                    else self.skip[self.cases[i].key]
-                record(i, CaseResult(self.cases[i], self.backend, status, msg))
+                record(i, CaseResult(self.cases[i], self.backend, CRASHED,
+                                     f"not run: the worker could not start: {self.broken}"))
             if not pending:
                 break
             if self.worker is None:
@@ -367,7 +368,7 @@ class BackendRun:
                 pending.popleft()
                 record(i, CaseResult(self.cases[i], self.backend, **fields))
 
-            what, why = self.worker.run(list(pending), got, deadline, stop)
+            what, why = self.worker.run(list(pending), self.skip, got, deadline, stop)
             if what == "ok":
                 break
             self.worker = None
@@ -553,7 +554,7 @@ def serve(parent: int) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the parent, which reports it per case
         _send(chan, ("error", f"{type(e).__name__}: {e}"))
         return
-    from .runner import _grad_case, run_case
+    from .runner import _grad_case, refusal, run_case
     if suite.mode == "grad":
         def one(c: Any) -> CaseResult:
             return _grad_case(c, backend, None)
@@ -571,8 +572,10 @@ def serve(parent: int) -> None:
             return
         if timeout:  # where a hang is: dumped more often than the timeout, so before the parent kills this worker
             faulthandler.dump_traceback_later(max(timeout - 1.0, timeout / 2), repeat=True)
+        skip = msg[2]
         for i in msg[1]:
-            r = one(cases[i])
+            c = cases[i]
+            r = (refusal(c, backend) or CaseResult(c, backend.name, *skip[c.key])) if c.key in skip else one(c)
             _send(chan, ("result", i, {"status": r.status, "message": r.message, "err": r.err, "bound": r.bound,
                                        "worst": r.worst, "detail": r.detail}))
         faulthandler.cancel_dump_traceback_later()
