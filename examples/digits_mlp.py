@@ -3,6 +3,7 @@ prism_core.train.fit, the Python counterpart of ggml-opt's ``ggml_opt_fit``.
 
     python examples/digits_mlp.py                       # AdamW, 30 epochs, batch 32, val split 0.2
     python examples/digits_mlp.py --epochs 10 --alpha 3e-3 --backend numpy
+    python examples/digits_mlp.py --save mlp.gguf          # then: prism gguf mlp.gguf
 
 The progress bar (ggml's format) is drawn on stderr when it is a terminal; --progress
 forces it, --silent turns it off. Exits with status 1 if the validation accuracy is
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=0.95, help="validation accuracy needed for exit status 0")
     ap.add_argument("--progress", action="store_true", help="draw the progress bar even if stderr is no terminal")
     ap.add_argument("--silent", action="store_true", help="no progress bar")
+    ap.add_argument("--save", metavar="PATH", help="write the trained weights to PATH as GGUF")
     args = ap.parse_args(argv)
 
     x_np, y_np = load_digits()
@@ -98,6 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"val:   {res.result_val.ndata} images, loss {vl:.5f} ± {vlu:.5f}, accuracy {100 * va:.2f} ± "
           f"{100 * vau:.2f} %")
     print(f"time: {dt:.2f} s for {args.epochs} epochs ({res.opt_ctx.iter - 1} optimizer steps)")
+    if args.save:
+        from prism_core import gguf
+        weights = {t.name: t for t in ctx.tensors if t.flags & pc.Flag.PARAM}
+        gguf.save(args.save, weights, {"general.architecture": "mlp", "mlp.input_length": x_np.shape[1],
+                                       "mlp.hidden_length": args.hidden, "mlp.output_length": 10,
+                                       "mlp.validation_accuracy": float(va)})
+        print(f"saved {len(weights)} tensors to {args.save}")
     ok = va >= args.target
     print(f"validation accuracy {100 * va:.2f} % {'>=' if ok else '<'} target {100 * args.target:.0f} %: "
           f"{'OK' if ok else 'FAILED'}")

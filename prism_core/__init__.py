@@ -22,15 +22,18 @@ from .build import *  # noqa: F403 - the graph-building functions are the public
 from .build import node
 from .context import Context
 from .errors import (
-                     BackendUnavailable,
-                     BoundExceeded,
-                     InvalidArgument,
-                     PluginError,
-                     PrismError,
-                     ShapeMismatch,
-                     TypeMismatch,
-                     UnknownBackend,
-                     Unsupported,
+    BackendUnavailable,
+    BoundExceeded,
+    InvalidArgument,
+    MalformedFile,
+    PluginError,
+    PrismError,
+    PrismWarning,
+    ReadOnlyTensor,
+    ShapeMismatch,
+    TypeMismatch,
+    UnknownBackend,
+    Unsupported,
 )
 from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl
@@ -44,3 +47,10 @@ from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType
 
 __version__ = "0.1.0"
 from . import train  # noqa: E402  - training as in ggml-opt (prism_core.train)
+
+
+def __getattr__(name: str):
+    if name == "gguf":  # GGUF files (prism_core.gguf), imported on first use: the gguf package takes 0.1 s
+        import importlib
+        return importlib.import_module(".gguf", __name__)
+    raise AttributeError(f"module 'prism_core' has no attribute {name!r}")

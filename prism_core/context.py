@@ -1,21 +1,24 @@
 """A context creates tensors within a memory budget (ggml_init / ggml_new_tensor).
 
 The budget counts what ggml's arena would: each tensor's metadata overhead plus,
-for tensors that own memory, their bytes rounded up to the alignment. The check
+for tensors that own memory, their bytes rounded up to the alignment. Tensors mapped
+over external memory (:meth:`Context.map_tensor`, a GGUF file's weights) cost only
+their overhead; their bytes are counted apart, in :attr:`Context.mapped_bytes`. The check
 happens before anything is stored, so a refused tensor leaves the context as it was.
 Host memory is allocated lazily, on a tensor's first data access.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from .errors import BoundExceeded, InvalidArgument
-from .tensor import Tensor, check_name, check_ne, contiguous_strides
+from .errors import BoundExceeded, InvalidArgument, ShapeMismatch
+from .tensor import Tensor, check_name, check_ne, contiguous_strides, nbytes_of
 from .types import GGMLType, as_type, from_numpy_dtype, traits
 
 TENSOR_OVERHEAD = 368  # bytes of metadata per tensor in ggml's arena (ggml_tensor_overhead)
@@ -47,6 +50,8 @@ class Context:
         self.used = 0
         self.tensors: list[Tensor] = []
         self._raw: dict[int, np.ndarray] = {}  # id(base tensor) -> buffer with guards
+        # held while a graph over this context's tensors is planned or computed (see schedule.holding)
+        self.compute_lock = threading.RLock()
 
     # ---------------------------------------------------------- creation
     def cost(self, t: GGMLType, ne: tuple[int, ...], *, owns_memory: bool) -> int:
@@ -73,6 +78,35 @@ class Context:
             raise InvalidArgument(f"ne[0]={full[0]} must be a multiple of {tr.name}'s block size {tr.blck_size}")
         tensor = Tensor(self, t, full, contiguous_strides(t, full), name=check_name(name))
         return self._admit(tensor, self.cost(t, full, owns_memory=True))
+
+    def map_tensor(self, type: GGMLType | int | str, ne: Any, buffer: np.ndarray, name: str = "") -> Tensor:
+        """A read-only tensor over ``buffer`` (a 1-dim uint8 array of exactly the tensor's bytes,
+        e.g. a slice of a read-only ``np.memmap``), with no copy. Its bytes do not count against
+        ``mem_size`` (only its metadata overhead does); :attr:`mapped_bytes` sums them."""
+        t = as_type(type)
+        full = check_ne(ne)
+        tr = traits(t)
+        if full[0] % tr.blck_size:
+            raise InvalidArgument(f"ne[0]={full[0]} must be a multiple of {tr.name}'s block size {tr.blck_size}")
+        if not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8 or buffer.ndim != 1:
+            raise InvalidArgument(f"map_tensor: buffer must be a 1-dim uint8 ndarray, got "
+                                  f"{buffer.dtype if isinstance(buffer, np.ndarray) else buffer.__class__.__name__}")
+        if not buffer.flags.c_contiguous:
+            raise InvalidArgument("map_tensor: buffer must be contiguous")
+        strides = contiguous_strides(t, full)
+        need = nbytes_of(t, full, strides)
+        if buffer.nbytes != need:
+            raise ShapeMismatch(f"map_tensor: {tr.name} ne={list(full)} needs {need} bytes, the buffer has "
+                                f"{buffer.nbytes}")
+        tensor = Tensor(self, t, full, strides, name=check_name(name))
+        tensor._storage = buffer
+        tensor._read_only = True
+        return self._admit(tensor, self.cost(t, full, owns_memory=False))
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of external memory this context's mapped tensors span (not counted in ``used``)."""
+        return sum(t.nbytes for t in self.tensors if t._read_only)
 
     def new_tensor_1d(self, type: GGMLType | int | str, ne0: int, name: str = "") -> Tensor:
         return self.new_tensor(type, (ne0,), name)
@@ -146,7 +180,11 @@ class Context:
     def _allocate(self, base: Tensor) -> np.ndarray:
         n = base.nbytes
         g = self.guard_bytes
-        raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        try:
+            raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        except MemoryError:  # the budget allowed it, the host cannot give it
+            raise BoundExceeded(f"{base.label}: the host cannot allocate its {n} bytes "
+                                f"(the context's budget is {self.mem_size})") from None
         if g:
             raw[:g] = self.GUARD_PATTERN
             raw[g + n:] = self.GUARD_PATTERN

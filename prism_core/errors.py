@@ -27,6 +27,20 @@ class BoundExceeded(InvalidArgument):
     """A bound was exceeded: memory budget, node capacity, name length, dims."""
 
 
+class ReadOnlyTensor(InvalidArgument):
+    """Something would write into a read-only tensor (one mapped from a file)."""
+
+
+class MalformedFile(InvalidArgument):
+    """A file (GGUF) is not well formed; the message names the file, the byte offset and
+    what was wrong, which :attr:`path` and :attr:`offset` also hold."""
+
+    def __init__(self, message: str, path: str = "", offset: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
 class Unsupported(PrismError, NotImplementedError):
     """A backend (or the core) does not implement what was asked."""
 
@@ -41,3 +55,8 @@ class UnknownBackend(PrismError, LookupError):
 
 class PluginError(PrismError, RuntimeError):
     """A plugin raised on import or registered something malformed."""
+
+
+class PrismWarning(UserWarning):
+    """Prism accepted something as ggml does, but part of it has no effect (e.g. datapoints
+    in a partial shard that no batch uses)."""

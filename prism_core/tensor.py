@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch, Unsupported
+from .errors import BoundExceeded, InvalidArgument, ReadOnlyTensor, ShapeMismatch, TypeMismatch, Unsupported
 from .ops import Op
 from .types import BF16, F32, GGMLType, from_f32, to_f32, traits
 
@@ -58,6 +58,22 @@ def nbytes_of(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
     return ne[0] * nb[0] // tr.blck_size + sum((ne[i] - 1) * nb[i] for i in range(1, MAX_DIMS))
 
 
+def overlaps_itself(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> bool:
+    """Whether two elements (blocks, for quantized types) of the layout ``ne``/``nb`` may share
+    bytes: taken from the smallest stride up, each stride must clear the span of the dims inside
+    it (a stride-0 view, a region whose rows overlap). Layouts of ggml's views pass."""
+    tr = traits(t)
+    counts = (ne[0] // tr.blck_size, *ne[1:MAX_DIMS])
+    if any(n == 0 for n in counts):
+        return False
+    span = tr.type_size
+    for stride, n in sorted((nb[i], counts[i]) for i in range(MAX_DIMS) if counts[i] > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
+
+
 def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
     """Validate extents given in ggml order (1 to 4 ints) and pad them to 4 dims."""
     try:
@@ -82,7 +98,10 @@ def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"tensor name must be str, got {type(name).__name__}")
-    n = len(name.encode("utf-8"))
+    try:
+        n = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate has no UTF-8 form (ggml names are UTF-8 bytes)
+        raise InvalidArgument(f"tensor name {name!r} is not valid Unicode text: {e.reason} at {e.start}") from None
     if n > MAX_NAME:
         raise BoundExceeded(f"tensor name {name[:20]!r}... is {n} bytes; the bound is {MAX_NAME}")
     return name
@@ -96,7 +115,7 @@ class Tensor:
     """
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "opdef", "params", "src", "view_src",
-                 "view_offs", "flags", "_name", "_storage", "_host", "__weakref__")
+                 "view_offs", "flags", "_name", "_storage", "_host", "_read_only", "__weakref__")
 
     def __init__(self, ctx: Context, type: GGMLType, ne: tuple[int, int, int, int],
                  nb: tuple[int, int, int, int] | None = None, *, view_src: Tensor | None = None,
@@ -118,6 +137,7 @@ class Tensor:
         self._name = name
         self._storage: np.ndarray | None = None
         self._host: tuple[np.ndarray, np.ndarray] | None = None  # (storage it views, the view)
+        self._read_only = False  # set by Context.map_tensor; views inherit it through their base
 
     # ------------------------------------------------------------ metadata
     @property
@@ -146,8 +166,12 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims."""
-        return tuple(reversed(self.ne[: self.n_dims]))
+        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims (an empty tensor keeps
+        every dim up to its last zero extent, so the shape still holds no elements)."""
+        n = self.n_dims
+        if self.nelements == 0:
+            n = max(n, max(i for i in range(MAX_DIMS) if self.ne[i] == 0) + 1)
+        return tuple(reversed(self.ne[:n]))
 
     @property
     def nelements(self) -> int:
@@ -164,6 +188,19 @@ class Tensor:
     @property
     def is_view(self) -> bool:
         return self.view_src is not None
+
+    @property
+    def read_only(self) -> bool:
+        """True for tensors over external read-only memory (a mapped file) and views of them:
+        nothing may write into them (``set``, in-place ops, CPY/SET_ROWS targets, optimizers)."""
+        return self.base._read_only
+
+    def check_writable(self, what: str) -> None:
+        """Raise :class:`ReadOnlyTensor` if ``what`` would write into this read-only tensor."""
+        if self.base._read_only:
+            whose = self.label if self.view_src is None else f"{self.label}, a view of {self.base.label}"
+            raise ReadOnlyTensor(f"{what}: {whose} is read-only (mapped from a file); "
+                                 "write into a copy instead (e.g. cpy or cont into a new tensor)")
 
     @property
     def is_leaf(self) -> bool:
@@ -227,6 +264,7 @@ class Tensor:
         if self.op != Op.NONE:
             raise InvalidArgument(f"set_param: {self.label} is the result of {self.op.name}; "
                                   "only leaf tensors (op NONE) can be parameters")
+        self.check_writable("set_param (an optimizer would update it)")
         if self.type not in (F32,):
             raise TypeMismatch(f"set_param: {self.label} has type {self.traits.name}; parameters must be f32")
         self.flags |= Flag.PARAM
@@ -284,6 +322,7 @@ class Tensor:
     def set_raw(self, data: Any) -> Tensor:
         """Write raw bytes (a bytes-like object or uint8 array of exactly ``raw().shape`` or
         :attr:`nbytes` of a dense tensor) into this tensor's rows, unchanged."""
+        self.check_writable("set_raw")
         dst = self.raw()
         try:
             arr = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
@@ -314,6 +353,7 @@ class Tensor:
         """Write values given in NumPy order (shape equal to :attr:`shape` or to the full
         4-dim shape, or a scalar) into this tensor's memory, converting to its type (block
         types: quantized row by row with ggml's reference quantizer)."""
+        self.check_writable("set")
         arr = np.asarray(values)
         full = tuple(reversed(self.ne))
         if arr.shape not in (self.shape, full, ()):

@@ -62,6 +62,9 @@ class TypeTraits:
     type_size: int  # bytes per block
     is_quantized: bool
     host_dtype: np.dtype | None  # NumPy dtype holding one element (plain types only)
+    # What ggml's CPU backend converts the other operand of a dot product to
+    # (type_traits_cpu[...].vec_dot_type in ggml-cpu.c); types that leave it unset there get F32.
+    vec_dot_type: GGMLType = GGMLType.F32
 
     @property
     def usable(self) -> bool:
@@ -72,14 +75,27 @@ class TypeTraits:
         return can_dequantize(self.type)
 
 
+# ggml-cpu.c's type_traits_cpu[...].vec_dot_type; every type not listed leaves it unset (GGML_TYPE_F32).
+_VEC_DOT_TYPE: dict[GGMLType, GGMLType] = {
+    GGMLType.F16: GGMLType.F16, GGMLType.BF16: GGMLType.BF16,
+    **{t: GGMLType.Q8_0 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
+                                  GGMLType.MXFP4, GGMLType.NVFP4, GGMLType.Q1_0, GGMLType.Q2_0)},
+    **{t: GGMLType.Q8_1 for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q8_1)},
+    **{t: GGMLType.Q8_K for t in (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                                  GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ2_S, GGMLType.IQ3_XXS,
+                                  GGMLType.IQ3_S, GGMLType.IQ1_S, GGMLType.IQ1_M, GGMLType.IQ4_XS,
+                                  GGMLType.TQ1_0, GGMLType.TQ2_0)},
+}
+
+
 def _plain(t: GGMLType, dtype: str) -> TypeTraits:
     d = np.dtype(dtype)
-    return TypeTraits(t, t.name.lower(), 1, d.itemsize, False, d)
+    return TypeTraits(t, t.name.lower(), 1, d.itemsize, False, d, _VEC_DOT_TYPE.get(t, GGMLType.F32))
 
 
 def _quant(t: GGMLType, blck: int, size: int) -> TypeTraits:
     name = t.name.lower() if not t.name.endswith("_K") else t.name[:-2].lower() + "_K"
-    return TypeTraits(t, name, blck, size, True, None)
+    return TypeTraits(t, name, blck, size, True, None, _VEC_DOT_TYPE.get(t, GGMLType.F32))
 
 
 G = GGMLType

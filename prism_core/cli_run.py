@@ -1,0 +1,74 @@
+"""``prism run MODEL -p PROMPT``: generate text with a GGUF model, streaming it, then the speeds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("run", help="generate text with a GGUF language model (a path, or gemma3-270m)")
+    r.add_argument("model", help="a GGUF file, or a known model name: gemma3-270m")
+    r.add_argument("-p", "--prompt", required=True)
+    r.add_argument("-n", "--n-predict", type=_nonneg_int, default=64, help="tokens to generate (default 64)")
+    r.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    r.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    r.add_argument("--top-k", type=_nonneg_int, default=40)
+    r.add_argument("--top-p", type=float, default=0.95)
+    r.add_argument("--min-p", type=float, default=0.05)
+    r.add_argument("--repeat-penalty", type=float, default=1.0)
+    r.add_argument("--seed", type=_nonneg_int, default=None)
+    r.add_argument("--ctx-size", type=_nonneg_int, default=None, help="context length (default min(2048, trained))")
+    r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"))
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    r.set_defaults(func=cmd_run)
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {v}")
+    return v
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .errors import PrismError
+    from .models import Sampler, load
+    try:
+        sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repeat_penalty=args.repeat_penalty, seed=args.seed)
+        t0 = time.perf_counter()
+        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type)
+        load_s = time.perf_counter() - t0
+        prompt_ids = model.encode(args.prompt)
+        ids, pieces, first = [], [], None
+        for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler):
+            first = first if first is not None else time.perf_counter() - t0
+            ids.append(tok.id)
+            pieces.append(tok.text)
+            if not args.json:
+                sys.stdout.write(tok.text)
+                sys.stdout.flush()
+    except PrismError as e:
+        print(f"prism run: {e}", file=sys.stderr)
+        return 1
+    t = model.timings
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if args.json:
+        print(json.dumps({"model": args.model, "backend": model.backend.name, "prompt_ids": prompt_ids, "ids": ids,
+                          "text": "".join(pieces), "load_s": load_s, "first_token_s": first,
+                          "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
+                          "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
+                          "peak_rss_mb": peak_mb}))
+    else:
+        print(file=sys.stdout)
+        print(f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
+              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,36 @@
+"""GGUF language models (Gemma 3, Llama, Qwen 2/3) built from Prism ops, with a KV cache and samplers.
+
+    model = prism_core.models.load(path)             # or "gemma3-270m" for the PyPI test model
+    for tok in model.generate("The capital of France is", max_tokens=16):
+        print(tok.text, end="")
+"""
+
+from __future__ import annotations
+
+from . import arch_gemma3, arch_llama  # noqa: F401 - architectures register themselves
+from .arch import ARCHITECTURES, Arch, register
+from .hparams import HParams, ModelConfigError
+from .kv_cache import KVCache
+from .model import Model, Token
+from .sampling import Sampler
+
+MODEL_CONTEXT_BYTES = 1 << 40  # a budget, not an allocation: cache, inputs and planned results count against it
+
+
+def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_batch: int = 512) -> Model:
+    """A model from a GGUF file (memory-mapped; weights stay as stored), or from a known name such as
+    ``"gemma3-270m"`` (see :mod:`prism_core.models.catalog`). ``backend``: a name, a Backend or None
+    (the best available)."""
+    from ..context import Context
+    from ..gguf import load as load_gguf
+    from .catalog import resolve
+    f = load_gguf(resolve(model), ctx=Context(MODEL_CONTEXT_BYTES))
+    try:
+        return Model(f.tensors, f.meta, backend=backend, n_ctx=n_ctx, cache_type=cache_type, n_batch=n_batch,
+                     source=f)
+    except BaseException:
+        f.close()
+        raise
+
+__all__ = ["ARCHITECTURES", "Arch", "HParams", "KVCache", "Model", "ModelConfigError", "Sampler", "Token",
+           "load", "register"]

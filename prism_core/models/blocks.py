@@ -1,0 +1,113 @@
+"""The building blocks every architecture shares (norms, attention over the KV cache, feed-forward
+networks), written only with Prism's public builders so every backend runs them.
+
+Shapes are ggml order: activations are [n_embd, n_tokens]; a weight [n_in, n_out] multiplies as
+``mul_mat(w, x)``. One :class:`Step` holds the per-graph input tensors, whose values are set
+before each compute of a planned graph (the graph itself is built once per shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .. import build as B
+from ..build_attn import flash_attn_ext, rope_ext, set_rows
+from ..errors import InvalidArgument
+from ..tensor import Tensor
+from ..types import F32
+from .hparams import HParams
+from .kv_cache import KVCache
+
+
+@dataclass
+class Step:
+    """Input tensors of one planned graph: ``n_tokens`` new tokens attending over ``n_kv`` cache cells."""
+
+    tokens: Tensor  # I32 [n_tokens]
+    pos: Tensor  # I32 [n_tokens]
+    cells: Tensor  # I64 [n_tokens]: the cache rows the new keys and values go to
+    mask: Tensor  # F16 [n_kv, n_tokens]: 0 where a key is visible, -inf elsewhere
+    mask_swa: Tensor | None  # the same within the sliding window
+    out_rows: Tensor  # I32 [n_out]: the positions (of the new tokens) whose logits are wanted
+    n_kv: int
+
+
+class Weights:
+    """Named tensors of a model file (``blk.N.attn_q.weight`` ...), looked up with clear errors."""
+
+    def __init__(self, tensors: Mapping[str, Tensor], arch: str) -> None:
+        self.tensors = tensors
+        self.arch = arch
+
+    def get(self, name: str, ne: tuple[int, ...] | None = None, *, required: bool = True) -> Tensor | None:
+        t = self.tensors.get(name)
+        if t is None:
+            if required:
+                raise InvalidArgument(f"{self.arch} model: tensor {name!r} is missing from the file")
+            return None
+        if ne is not None:
+            want = tuple(ne) + (1,) * (4 - len(ne))
+            if t.ne != want:
+                raise InvalidArgument(f"{self.arch} model: tensor {name!r} has ne={list(t.ne)}, "
+                                      f"the metadata implies {list(want)}")
+        return t
+
+    def layer(self, il: int, name: str, ne: tuple[int, ...] | None = None, *, required: bool = True) -> Tensor | None:
+        return self.get(f"blk.{il}.{name}", ne, required=required)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """rms_norm over dim 0, times ``weight`` (broadcast over the other dims)."""
+    y = B.rms_norm(x, eps)
+    return B.mul(y, weight) if weight is not None else y
+
+
+def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    y = B.mul_mat(w, x)
+    return B.add(y, bias) if bias is not None else y
+
+
+def attention(hp: HParams, w: Weights, il: int, h: Tensor, step: Step, cache: KVCache, *,
+              qk_norm: bool = False, biases: bool = False) -> Tensor:
+    """Self-attention of the new tokens over the cache: projections, optional per-head q/k RMS
+    norms, RoPE, the cache write (SET_ROWS), fused attention with the causal (or sliding-window)
+    mask and grouped-query heads, and the output projection."""
+    n_tok = h.ne[1]
+    d, dv, nh, nkv = hp.head_dim, hp.head_dim_v, hp.n_head, hp.n_head_kv
+    e = hp.n_embd
+    bias = (lambda n, size: w.layer(il, f"{n}.bias", (size,), required=False)) if biases else (lambda n, size: None)
+    q = linear(h, w.layer(il, "attn_q.weight", (e, d * nh)), bias("attn_q", d * nh))
+    k = linear(h, w.layer(il, "attn_k.weight", (e, d * nkv)), bias("attn_k", d * nkv))
+    v = linear(h, w.layer(il, "attn_v.weight", (e, dv * nkv)), bias("attn_v", dv * nkv))
+    q, k = B.reshape(q, (d, nh, n_tok)), B.reshape(k, (d, nkv, n_tok))
+    if qk_norm:
+        q = rms_norm(q, w.layer(il, "attn_q_norm.weight", (d,)), hp.eps)
+        k = rms_norm(k, w.layer(il, "attn_k_norm.weight", (d,)), hp.eps)
+    swa = hp.swa_layers[il]
+    rope = {"n_dims": hp.rope_dims, "mode": hp.rope_mode, "n_ctx_orig": hp.n_ctx_train,
+            "freq_base": hp.rope_base_swa if swa else hp.rope_base, "freq_scale": 1.0 if swa else hp.rope_scale,
+            "beta_fast": 32.0, "beta_slow": 1.0}
+    q = rope_ext(q, step.pos, None, **rope)
+    k = rope_ext(k, step.pos, None, **rope)
+
+    kc = set_rows(cache.k[il], B.reshape(k, (d * nkv, n_tok)), step.cells)
+    vc = set_rows(cache.v[il], v, step.cells)
+    kv = B.view_3d(kc, d, step.n_kv, nkv, kc.nb[1], kc.nb[1] // nkv)
+    vv = B.view_3d(vc, dv, step.n_kv, nkv, vc.nb[1], vc.nb[1] // nkv)
+    if kv.traits.is_quantized:  # fused attention reads f32/f16/bf16 K and V
+        kv = B.cpy(kv, h.ctx.new_tensor(F32, kv.ne))
+        vv = B.cpy(vv, h.ctx.new_tensor(F32, vv.ne))
+    mask = step.mask_swa if swa else step.mask
+    out = flash_attn_ext(B.permute(q, 0, 2, 1, 3), kv, vv, mask, scale=hp.attn_scale)  # [dv, nh, n_tok]
+    out = B.reshape(out, (dv * nh, n_tok))
+    return linear(out, w.layer(il, "attn_output.weight", (dv * nh, e)), bias("attn_output", e) if biases else None)
+
+
+def feed_forward(hp: HParams, w: Weights, il: int, h: Tensor, act: str) -> Tensor:
+    """The gated FFN: down(act(gate h) * up h); ``act`` "silu" (SwiGLU) or "gelu" (GeGLU, tanh GELU)."""
+    e, f = hp.n_embd, hp.n_ff
+    gate = linear(h, w.layer(il, "ffn_gate.weight", (e, f)))
+    up = linear(h, w.layer(il, "ffn_up.weight", (e, f)))
+    glu = {"silu": B.swiglu_split, "gelu": B.geglu_split}[act]
+    return linear(glu(gate, up), w.layer(il, "ffn_down.weight", (f, e)))

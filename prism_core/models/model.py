@@ -1,0 +1,256 @@
+"""A language model: token ids in, logits out, over a KV cache, on any backend.
+
+One graph is built and planned per (new tokens, attended cells, logits rows) shape and reused:
+decode steps share a graph until the cache crosses a multiple of ``KV_PAD`` cells. Prompts are
+processed in batches of ``n_batch`` tokens. Weights stay as loaded (quantized, memory-mapped).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import build as B
+from ..backend import Backend
+from ..errors import BoundExceeded, InvalidArgument
+from ..graph import Graph
+from ..plan import Plan, plan
+from ..registry import backend as select_backend
+from ..tensor import Tensor
+from ..types import F16, I32, I64, GGMLType
+from .arch import arch_for
+from .blocks import Step, Weights, rms_norm
+from .kv_cache import KVCache
+from .sampling import Sampler
+
+DEFAULT_N_CTX = 2048
+MAX_PLANS = 8  # planned graphs kept; the least recently used one releases its memory
+# Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
+EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+                       "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token: its id and the text it completes (possibly "" until a UTF-8 character
+    split over several tokens is whole)."""
+
+    id: int
+    text: str
+
+
+@dataclass
+class Timings:
+    """Of the last :meth:`Model.generate`: prompt tokens and seconds, decoded tokens and seconds."""
+
+    n_prompt: int = 0
+    prompt_s: float = 0.0
+    n_decode: int = 0
+    decode_s: float = 0.0
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.n_prompt / self.prompt_s if self.prompt_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.n_decode / self.decode_s if self.decode_s else 0.0
+
+
+@dataclass
+class _Graph:
+    plan: Plan
+    step: Step
+    logits: Tensor
+
+
+class Model:
+    """A GGUF language model. Build it with :func:`prism_core.models.load`."""
+
+    def __init__(self, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], *, backend: Backend | str | None = None,
+                 n_ctx: int | None = None, cache_type: GGMLType | str = F16, n_batch: int = 512, tokenizer: Any = None,
+                 source: Any = None) -> None:
+        self.arch = arch_for(meta)
+        self.meta = meta
+        embd = tensors.get("token_embd.weight")
+        if embd is None:
+            raise InvalidArgument(f"{self.arch.name} model: tensor 'token_embd.weight' is missing from the file")
+        self.hparams = hp = self.arch.hparams(meta, embd.ne[1])
+        self.weights = w = Weights(tensors, self.arch.name)
+        w.get("token_embd.weight", (hp.n_embd, hp.n_vocab))
+        self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
+        self.head = w.get("output.weight", (hp.n_embd, hp.n_vocab), required=False) or embd  # tied when absent
+        if isinstance(n_batch, bool) or not isinstance(n_batch, int) or n_batch <= 0:
+            raise InvalidArgument(f"n_batch must be a positive int, got {n_batch!r}")
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_N_CTX, hp.n_ctx_train)
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > hp.n_ctx_train:
+            raise InvalidArgument(f"n_ctx={n_ctx} exceeds the model's training context {hp.n_ctx_train}")
+        self.ctx = embd.ctx
+        self.cache = KVCache(self.ctx, hp, n_ctx, cache_type)
+        self.n_batch = n_batch
+        self.backend = select_backend(backend) if not isinstance(backend, Backend) else backend
+        self._tokenizer = tokenizer
+        self.source = source  # the loaded file, kept open while the model lives
+        self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.eog_ids = self._end_of_generation_ids()
+        self.timings = Timings()
+        self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
+
+    # ------------------------------------------------------------ graphs
+    def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
+        hp, ctx = self.hparams, self.ctx
+        with ctx.transaction():
+            step = Step(tokens=ctx.new_tensor(I32, (n_tok,)).set_input(), pos=ctx.new_tensor(I32, (n_tok,)).set_input(),
+                        cells=ctx.new_tensor(I64, (n_tok,)).set_input(),
+                        mask=ctx.new_tensor(F16, (n_kv, n_tok)).set_input(),
+                        mask_swa=ctx.new_tensor(F16, (n_kv, n_tok)).set_input() if hp.sliding_window else None,
+                        out_rows=ctx.new_tensor(I32, (n_out,)).set_input(), n_kv=n_kv)
+            x = B.get_rows(self.weights.get("token_embd.weight"), step.tokens)
+            if hp.embed_scale != 1.0:
+                x = B.scale(x, hp.embed_scale)
+            for il in range(hp.n_layer):
+                x = self.arch.layer(hp, self.weights, il, x, step, self.cache)
+            x = rms_norm(B.get_rows(x, step.out_rows), self.output_norm, hp.eps)
+            logits = B.mul_mat(self.head, x)
+            if hp.final_softcap:
+                logits = B.scale(B.tanh(B.scale(logits, 1.0 / hp.final_softcap)), hp.final_softcap)
+            logits.set_output()
+            graph = Graph(capacity=64 * hp.n_layer + 64).expand(logits)
+            return _Graph(plan(graph, self.backend), step, logits)
+
+    def _graph(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
+        key = (n_tok, n_kv, n_out)
+        g = self._graphs.get(key)
+        if g is None:
+            if len(self._graphs) >= MAX_PLANS:
+                _, old = self._graphs.popitem(last=False)
+                old.plan.release()
+            g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
+        self._graphs.move_to_end(key)
+        return g
+
+    # ------------------------------------------------------------ evaluation
+    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
+        try:
+            arr = np.asarray(ids)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"token ids must be a sequence of ints ({e})") from None
+        if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iu":
+            raise InvalidArgument(f"token ids must be a non-empty 1-d sequence of ints, got {ids!r:.80}")
+        bad = (arr < 0) | (arr >= self.hparams.n_vocab)
+        if bad.any():
+            raise InvalidArgument(f"token id {int(arr[bad][0])} is outside the vocabulary [0, {self.hparams.n_vocab})")
+        return arr.astype(np.int32)
+
+    def eval(self, ids: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+        """Feed ``ids`` after the tokens already in the cache; returns the float32 logits of every
+        new position (``all_logits``) or of the last one, shape (rows, n_vocab)."""
+        arr = self._check_ids(ids)
+        self.cache.n_kv(len(arr))  # refuse a context overflow before any work
+        out = []
+        for lo in range(0, len(arr), self.n_batch):
+            chunk = arr[lo:lo + self.n_batch]
+            last = lo + self.n_batch >= len(arr)
+            n = len(chunk)
+            rows = np.arange(n, dtype=np.int32) if all_logits else np.array([n - 1], np.int32)
+            n_kv = self.cache.n_kv(n)
+            g = self._graph(n, n_kv, len(rows))
+            past = self.cache.n_past
+            g.step.tokens.set(chunk)
+            g.step.pos.set(np.arange(past, past + n, dtype=np.int32))
+            g.step.cells.set(np.arange(past, past + n, dtype=np.int64))
+            mask, mask_swa = self.cache.masks(n, n_kv, self.hparams.sliding_window)
+            g.step.mask.set(mask.reshape(g.step.mask.shape))
+            if g.step.mask_swa is not None:
+                g.step.mask_swa.set(mask_swa.reshape(g.step.mask_swa.shape))
+            g.step.out_rows.set(rows)
+            g.plan.compute()
+            self.cache.n_past = past + n
+            if all_logits or last:
+                out.append(g.logits.numpy().reshape(len(rows), -1).astype(np.float32, copy=True))
+        return np.concatenate(out)
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Float32 logits of every position of ``ids`` from an empty cache: shape (len(ids), n_vocab)."""
+        self._check_ids(ids)
+        self.cache.clear()
+        return self.eval(ids, all_logits=True)
+
+    # ------------------------------------------------------------ text
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from ..tokenizer import from_metadata
+            self._tokenizer = from_metadata(self.meta)
+        return self._tokenizer
+
+    def _end_of_generation_ids(self) -> frozenset[int]:
+        ids = {int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id") if k in self.meta}
+        tokens = self.meta.get("tokenizer.ggml.tokens")
+        if tokens is not None:
+            ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
+        return frozenset(ids)
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidArgument("the prompt is empty")
+            return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        return [int(i) for i in self._check_ids(prompt)]
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64,
+                 sampler: Sampler | None = None) -> Iterator[Token]:
+        """Yield tokens as they are produced, from a fresh cache, until ``max_tokens`` or an
+        end-of-generation token (not yielded)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        sampler = sampler if sampler is not None else Sampler.greedy()
+        ids = self.encode(prompt)
+        if len(ids) + max_tokens > self.cache.n_ctx:
+            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
+                                f"of {self.cache.n_ctx} tokens")
+        self.cache.clear()
+        self.timings = t = Timings(n_prompt=len(ids))
+        start = time.perf_counter()
+        logits = self.eval(ids)[-1]
+        t.prompt_s = time.perf_counter() - start
+        history, out = list(ids), []
+        text = ""
+        for _ in range(max_tokens):
+            tok = sampler(logits, history)
+            if tok in self.eog_ids:
+                return
+            history.append(tok)
+            out.append(tok)
+            full = self.tokenizer.decode(out)
+            piece, text = (full[len(text):], full) if not full.endswith("\ufffd") else ("", text)
+            yield Token(tok, piece)
+            if len(out) < max_tokens:
+                start = time.perf_counter()
+                logits = self.eval([tok])[-1]
+                t.decode_s += time.perf_counter() - start
+                t.n_decode += 1
+
+    def perplexity(self, text: str | Sequence[int]) -> float:
+        """exp of the mean negative log-likelihood of each token given the ones before it."""
+        ids = self.encode(text)
+        if len(ids) < 2:
+            raise InvalidArgument("perplexity needs at least two tokens")
+        z = self.logits(ids)[:-1].astype(np.float64)
+        z -= z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+    def __repr__(self) -> str:
+        hp = self.hparams
+        return (f"Model({hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, vocab {hp.n_vocab}, "
+                f"backend {self.backend.name}, {self.cache!r})")
+
+
