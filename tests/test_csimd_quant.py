@@ -228,6 +228,23 @@ def test_activation_quantizers_as_ggml_cpu(cs):
     assert (cpu[1], cpu[2]) == (2, -4) and (ref[1], ref[2]) == (3, -4)
 
 
+@pytest.mark.parametrize("at", (GT.Q8_0, GT.Q8_1, GT.Q8_K), ids=lambda t: t.name)
+def test_activation_quantizers_match_prism_core(cs, at):
+    """Against prism_core.quant.quantize_activations, written separately from the same ggml (x86) rules."""
+    from prism_core.quant import quantize_activations
+    rng = np.random.default_rng(int(at) + 21)
+    x = _rows(rng, 2048).reshape(2, 1024)
+    want = quantize_activations(x, GGMLType(int(at))).reshape(-1, _block(at)[1])
+    np.testing.assert_array_equal(c_quant(cs, x, at, mode=0), want)
+
+
+def test_vec_dot_types_are_the_traits(cs):
+    """The weight -> activation pairing these tests assume is the one the core declares (ggml's)."""
+    for t in FORMATS:
+        if t not in (GT.Q8_1, GT.Q8_K):
+            assert int(TRAITS[GGMLType(int(t))].vec_dot_type) == int(VEC_DOT[t]), t.name
+
+
 def _vec_dot(cs, wt: GT, w: np.ndarray, at: GT, a: np.ndarray, k: int, rows: int) -> np.ndarray:
     ffi, lib = cs
     out = np.full(rows, np.nan, dtype=np.float32)

@@ -5,7 +5,7 @@ registered again with its block types added to the accepted ones, and calls the 
 for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QBASE + ggml id``
 (rows of whole blocks, ``nb[0]`` the block's bytes), validated like every other view.
 
-* MUL_MAT / MUL_MAT_ID: b's rows are quantized once to the weight's ``vec_dot_type`` as ggml's CPU
+* MUL_MAT / MUL_MAT_ID: b's rows are quantized once to the weight's ``vec_dot_type`` (its traits) as ggml's CPU
   backend does (Q8_0/Q8_1 with ties to even, Q8_K), then integer dot products; results differ
   from the reference's exact dequantized product by that rounding (within the op's nmse bound).
 * GET_ROWS, CPY/DUP/CONT to F32: dequantized exactly as gguf.quants (bit for bit).
@@ -32,12 +32,6 @@ REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: it
 # K-quants' and IQ4's searching quantizers) are refused here and computed by the reference
 C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0})
 C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
-
-# ggml's CPU type traits: the type a weight format's dot product wants its activations in
-VEC_DOT_TYPE = {t: G.Q8_K for t in QUANTIZED}
-VEC_DOT_TYPE.update({G.Q4_0: G.Q8_0, G.Q5_0: G.Q8_0, G.Q8_0: G.Q8_0, G.IQ4_NL: G.Q8_0, G.MXFP4: G.Q8_0,
-                     G.Q4_1: G.Q8_1, G.Q5_1: G.Q8_1})
-
 
 def is_block(t: Tensor) -> bool:
     return t.traits.is_quantized
@@ -66,7 +60,7 @@ def _mul_mat(n: Tensor) -> None:
     if not is_block(a):
         return _k._mul_mat(n)
     keep: list = []
-    _check(_lib().csimd_q_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(VEC_DOT_TYPE[a.type]),
+    _check(_lib().csimd_q_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(a.traits.vec_dot_type),
                                   int(_state.get("threads", 1))), "MUL_MAT")
 
 
@@ -80,7 +74,7 @@ def _mul_mat_id(n: Tensor) -> None:
     if idx.size and (idx.min() < 0 or idx.max() >= w.ne[2]):
         raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
     _check(_lib().csimd_q_mul_mat_id(desc(w, keep), desc(b, keep), desc(ids, keep), desc(n, keep),
-                                     int(VEC_DOT_TYPE[w.type]), _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
+                                     int(w.traits.vec_dot_type), _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
 
 
 @kernel((FLOATS | INDICES | QUANTIZED, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
