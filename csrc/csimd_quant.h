@@ -286,6 +286,95 @@ static void q_quant_tq1_0(const float *x, uint8_t *y) {
     q_put_f16(y + 52, d);
 }
 
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): L[i] in 0..2*nmax-1,
+   returns the scale; 18 further scales tried around -nmax/max. Float operations in ggml's order. */
+#define Q_GROUP_MAX_EPS 1e-15f
+__attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
+                                                                                 int8_t *L) {
+    float max = 0.0f, amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < Q_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = -(float)nmax / max, sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+        int l = q_nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0.0f;
+        for (int i = 0; i < n; i++) {
+            int l = q_nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * (float)l;
+            suml2 += w * (float)l * (float)l;
+        }
+        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                int l = q_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q6_K as ggml's quantize_row_q6_K_ref: per group of 16 the search above, 8-bit group scales
+   relative to the largest, then each value requantized against its rounded scale */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q6_k(const float *x, uint8_t *y) {
+    int8_t L[256];
+    float scales[16], max_scale = 0.0f, max_abs_scale = 0.0f;
+    for (int ib = 0; ib < 16; ib++) {
+        const float scale = q_make_qx_quants_rmse1(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = scale;
+        const float abs_scale = fabsf(scale);
+        if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
+    }
+    memset(y, 0, 210);
+    if (max_abs_scale < Q_GROUP_MAX_EPS) return; /* all zero, d = 0 */
+    const float iscale = -128.0f / max_scale;
+    q_put_f16(y + 208, 1.0f / iscale);
+    int8_t *sc = (int8_t *)(y + 192);
+    for (int ib = 0; ib < 16; ib++) {
+        const int v = q_nearest_int(iscale * scales[ib]);
+        sc[ib] = (int8_t)(v < 127 ? v : 127);
+    }
+    const float dh = q_f16(y + 208);
+    for (int j = 0; j < 16; j++) {
+        const float d = dh * (float)sc[j];
+        if (d == 0.0f) continue;
+        for (int ii = 0; ii < 16; ii++) {
+            int l = q_nearest_int(x[16 * j + ii] / d);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            L[16 * j + ii] = (int8_t)(l + 32);
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        uint8_t *ql = y + 64 * h, *qh = y + 128 + 32 * h;
+        const int8_t *Lh = L + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+            ql[l] = (uint8_t)((q1 & 15) | ((q3 & 15) << 4));
+            ql[l + 32] = (uint8_t)((q2 & 15) | ((q4 & 15) << 4));
+            qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+        }
+    }
+}
+
 /* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
    Returns 0, or -1 for a type without a quantizer here. */
 static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
@@ -300,12 +389,13 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     case Q_MXFP4: q_quant_mxfp4(x, y); return 0;
     case Q_TQ1_0: q_quant_tq1_0(x, y); return 0;
     case Q_TQ2_0: q_quant_tq2_0(x, y); return 0;
+    case Q_Q6_K: q_quant_q6_k(x, y); return 0;
     default: return -1;
     }
 }
 
 static inline int q_has_quantizer(int t) {
     return t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K ||
-           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0;
+           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q6_K;
 }
 #endif
