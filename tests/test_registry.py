@@ -495,7 +495,7 @@ def test_prism_info_lists_the_impostor_as_broken(plugins, capsys):
     plugins.add("prism_test_impostor_info", IMPOSTOR.format(name="numpy", ref=True), entry="numpy")
     assert cli(["info"]) == 0
     out = capsys.readouterr().out
-    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("numpy ")]
+    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("numpy ") and "priority=" in ln]
     assert "[reference," in line and line.rstrip().endswith("from numpy (prism_numpy)")
     assert ("broken plugins (1), skipped:\n  numpy (prism_test_impostor_info): backend name 'numpy' is reserved "
             "for the reference backend shipped with prism-tensor; refused") in out
