@@ -10,6 +10,7 @@ Host memory is allocated lazily, on a tensor's first data access.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,6 +50,8 @@ class Context:
         self.used = 0
         self.tensors: list[Tensor] = []
         self._raw: dict[int, np.ndarray] = {}  # id(base tensor) -> buffer with guards
+        # held while a graph over this context's tensors is planned or computed (see schedule.holding)
+        self.compute_lock = threading.RLock()
 
     # ---------------------------------------------------------- creation
     def cost(self, t: GGMLType, ne: tuple[int, ...], *, owns_memory: bool) -> int:
@@ -177,7 +180,11 @@ class Context:
     def _allocate(self, base: Tensor) -> np.ndarray:
         n = base.nbytes
         g = self.guard_bytes
-        raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        try:
+            raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        except MemoryError:  # the budget allowed it, the host cannot give it
+            raise BoundExceeded(f"{base.label}: the host cannot allocate its {n} bytes "
+                                f"(the context's budget is {self.mem_size})") from None
         if g:
             raw[:g] = self.GUARD_PATTERN
             raw[g + n:] = self.GUARD_PATTERN

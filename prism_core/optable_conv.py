@@ -68,6 +68,8 @@ _CONV_PARAM_KEYS = ("s0", "s1", "p0", "p1", "d0", "d1")
 def _out_size(d, what: str, ins: int, ks: int, s: int, p: int, dil: int) -> int:
     if ks < 1:
         _fail(d, f"the kernel has {ks} taps along {what}; it needs at least 1")
+    if ins < 1:  # C's truncating division would still give an output of 1 for a large stride
+        _fail(d, f"the input is empty along {what}: there is nothing to convolve")
     o = conv_output_size(ins, ks, s, p, dil)
     if o < 1:
         _fail(d, f"output size along {what} is {o} < 1: input {ins} (+ 2*padding {p}) is too small for "

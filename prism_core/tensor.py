@@ -58,6 +58,22 @@ def nbytes_of(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
     return ne[0] * nb[0] // tr.blck_size + sum((ne[i] - 1) * nb[i] for i in range(1, MAX_DIMS))
 
 
+def overlaps_itself(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> bool:
+    """Whether two elements (blocks, for quantized types) of the layout ``ne``/``nb`` may share
+    bytes: taken from the smallest stride up, each stride must clear the span of the dims inside
+    it (a stride-0 view, a region whose rows overlap). Layouts of ggml's views pass."""
+    tr = traits(t)
+    counts = (ne[0] // tr.blck_size, *ne[1:MAX_DIMS])
+    if any(n == 0 for n in counts):
+        return False
+    span = tr.type_size
+    for stride, n in sorted((nb[i], counts[i]) for i in range(MAX_DIMS) if counts[i] > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
+
+
 def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
     """Validate extents given in ggml order (1 to 4 ints) and pad them to 4 dims."""
     try:
@@ -82,7 +98,10 @@ def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"tensor name must be str, got {type(name).__name__}")
-    n = len(name.encode("utf-8"))
+    try:
+        n = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate has no UTF-8 form (ggml names are UTF-8 bytes)
+        raise InvalidArgument(f"tensor name {name!r} is not valid Unicode text: {e.reason} at {e.start}") from None
     if n > MAX_NAME:
         raise BoundExceeded(f"tensor name {name[:20]!r}... is {n} bytes; the bound is {MAX_NAME}")
     return name
@@ -147,8 +166,12 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims."""
-        return tuple(reversed(self.ne[: self.n_dims]))
+        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims (an empty tensor keeps
+        every dim up to its last zero extent, so the shape still holds no elements)."""
+        n = self.n_dims
+        if self.nelements == 0:
+            n = max(n, max(i for i in range(MAX_DIMS) if self.ne[i] == 0) + 1)
+        return tuple(reversed(self.ne[:n]))
 
     @property
     def nelements(self) -> int:

@@ -16,7 +16,8 @@ G = GGMLType
 WRITTEN_HERE = [G.Q8_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.Q8_K, G.IQ4_NL, G.IQ4_XS]
 GGUF_QUANTIZERS = [G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0]
 FULL = WRITTEN_HERE + GGUF_QUANTIZERS
-DEQUANT_ONLY_IMATRIX = [G.IQ2_XXS, G.IQ2_XS, G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ1_S, G.IQ1_M]
+DEQUANT_ONLY_IMATRIX = [G.IQ2_XXS, G.IQ2_XS, G.IQ1_S]  # ggml_quantize_requires_imatrix
+DEQUANT_ONLY_GRID = [G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ1_M]  # ggml quantizes them without one too
 DEQUANT_ONLY_OUT_OF_SCOPE = [G.NVFP4]
 OUT_OF_SCOPE = [G.Q1_0, G.Q2_0]
 HERE = Path(__file__).parent
@@ -46,7 +47,8 @@ def rows(n: int = 16, width: int = 512, seed: int = 0) -> np.ndarray:
 
 def test_every_quantized_type_is_in_exactly_one_category():
     quantized = {t for t, tr in TRAITS.items() if tr.is_quantized}
-    cats = [set(FULL), set(DEQUANT_ONLY_IMATRIX), set(DEQUANT_ONLY_OUT_OF_SCOPE), set(OUT_OF_SCOPE)]
+    cats = [set(FULL), set(DEQUANT_ONLY_IMATRIX), set(DEQUANT_ONLY_GRID), set(DEQUANT_ONLY_OUT_OF_SCOPE),
+            set(OUT_OF_SCOPE)]
     assert sum(len(c) for c in cats) == len(quantized) and set().union(*cats) == quantized
 
 
@@ -62,6 +64,14 @@ def test_fully_covered_types_are_tested_everywhere(t):
 def test_importance_matrix_types_dequantize_but_refuse_quantize(t):
     assert quant.can_dequantize(t) and not quant.can_quantize(t)
     with raises_exactly(Unsupported, f"{traits(t).name}.*importance matrix"):
+        quant.quantize(np.zeros((1, 256), np.float32), t)
+    assert quant.dequantize(np.zeros((2, traits(t).type_size), np.uint8), t).shape == (2, 256)
+
+
+@pytest.mark.parametrize("t", DEQUANT_ONLY_GRID, ids=lambda t: t.name)
+def test_grid_search_types_dequantize_but_refuse_quantize(t):
+    assert quant.can_dequantize(t) and not quant.can_quantize(t)
+    with raises_exactly(Unsupported, f"quantizing to {traits(t).name} is not implemented.*lattice grids"):
         quant.quantize(np.zeros((1, 256), np.float32), t)
     assert quant.dequantize(np.zeros((2, traits(t).type_size), np.uint8), t).shape == (2, 256)
 
@@ -281,7 +291,7 @@ def test_vec_dot_types_are_ggml_cpus():
             G.Q5_1: G.Q8_1, G.Q8_0: G.Q8_0, G.Q8_1: G.Q8_1, G.MXFP4: G.Q8_0, G.NVFP4: G.Q8_0, G.Q1_0: G.Q8_0,
             G.Q2_0: G.Q8_0, G.IQ4_NL: G.Q8_0, G.Q8_K: G.F32, G.I32: G.F32}
     want.update({t: G.Q8_K for t in (G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_XS, G.TQ1_0, G.TQ2_0,
-                                     *DEQUANT_ONLY_IMATRIX)})
+                                     *DEQUANT_ONLY_IMATRIX, *DEQUANT_ONLY_GRID)})
     for t, v in want.items():
         assert traits(t).vec_dot_type == v, t.name
     for tr in TRAITS.values():

@@ -230,3 +230,21 @@ def test_tq2_0_block():
 def test_tq1_0_zero_block():
     # all ternary digits 1: 5 digits 11111 (base 3) = 121 → ceil(121·256/243) = 128; 4 digits 1111 = 120 → 127
     assert qbytes(np.zeros(256), "tq1_0") == [128] * 48 + [127] * 4 + [0, 0]
+
+
+def test_iq4_nl_ties_between_table_entries_go_up():
+    # max -127: d = -127/-127 = 1 and x/d = x. -4.5 sits halfway between -10 and 1 (indices 7, 8): up, 8;
+    # 0 is nearer 1 than -10: 8; 101 is halfway between 89 and 113: up, 15. The reference path (ntry = -1)
+    # keeps these indices; its scale is the weighted fit Σx²·q·x / Σx²·q² in float32, in element order.
+    x = np.zeros(32, F32)
+    x[:3] = [-127, -4.5, 101]
+    idx = [0, 8, 15] + [8] * 29
+    got = quant.quantize(x, "iq4_nl")
+    assert got[2:].tolist() == [idx[j] | (idx[j + 16] << 4) for j in range(16)]
+    q = KVALUES_IQ4NL[idx].astype(F32)
+    w = x * x
+    sumqx, sumq2 = F32(0), F32(0)
+    for j in range(32):
+        sumqx = F32(sumqx + w[j] * q[j] * x[j])
+        sumq2 = F32(sumq2 + w[j] * q[j] * q[j])
+    assert got[:2].tolist() == half(float(sumqx / sumq2))

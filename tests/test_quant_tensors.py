@@ -191,10 +191,13 @@ def test_lora_gradient_through_a_q4_k_weight_on_every_backend(backend):
     def loss_of(a, b):  # float64, from the formulas: y = x W^T + (x A^T) B^T
         return float(np.sum((xv @ wd.T + (xv @ a.T) @ b.T) ** 2))
     av, bv = lo_a.numpy().astype(np.float64), lo_b.numpy().astype(np.float64)
-    np.testing.assert_allclose(g.grad(lo_a).numpy(), _finite_differences(lambda a: loss_of(a, bv), av),
-                               rtol=2e-3, atol=2e-3)
-    np.testing.assert_allclose(g.grad(lo_b).numpy(), _finite_differences(lambda b: loss_of(av, b), bv),
-                               rtol=2e-3, atol=2e-3)
+    # a backend may quantize the activations of a quantized product (ggml's vec_dot_type), so its
+    # gradients are held to the MUL_MAT bound on the normalised squared error, the reference to 1e-8
+    bound = 1e-8 if backend == "numpy" else pc.OPS["MUL_MAT"].nmse
+    for got, want in ((g.grad(lo_a), _finite_differences(lambda a: loss_of(a, bv), av)),
+                      (g.grad(lo_b), _finite_differences(lambda b: loss_of(av, b), bv))):
+        err = np.sum((got.numpy() - want) ** 2) / np.sum(want ** 2)
+        assert err < bound, (backend, err)
     assert all(n in ("OUT_PROD", "MUL_MAT") for n in report.fell_back)  # only block-type nodes may fall back
 
 

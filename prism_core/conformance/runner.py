@@ -37,7 +37,7 @@ from ..errors import Unsupported
 from ..graph import Graph
 from ..plan import plan
 from ..registry import REGISTRY
-from ..schedule import backend_reason, compute
+from ..schedule import backend_reason, compute, computes_nothing
 from ..tensor import Tensor
 from ..types import traits
 from .cases import Built, Case
@@ -115,6 +115,14 @@ def compare(got: np.ndarray, ref: np.ndarray, bound: float) -> tuple[bool, str, 
     if bad_nan.any():
         i = int(np.argmax(bad_nan))
         return False, "NaN where the reference has a number", None, (i, ref[i], got[i])
+    lost_nan = np.isnan(ref) & ~np.isnan(got)
+    if lost_nan.any():
+        i = int(np.argmax(lost_nan))
+        return False, "a number where the reference has NaN", None, (i, ref[i], got[i])
+    zero_sign = (got == 0) & (ref == 0) & (np.signbit(got) != np.signbit(ref))
+    if zero_sign.any():  # ggml's expressions fix the sign of a zero result: every backend must agree
+        i = int(np.argmax(zero_sign))
+        return False, "a zero of the other sign than the reference's", None, (i, ref[i], got[i])
     inf = np.isinf(ref) | np.isinf(got)
     if np.any(inf & (got != ref)):
         i = int(np.argmax(inf & (got != ref)))
@@ -308,8 +316,7 @@ def _refusal(case: Case, backend: Backend, graph: Graph, detail: str) -> CaseRes
     """UNSUPPORTED when the backend refuses a node of the case (FAIL when supports() raises),
     None when it claims them all."""
     try:
-        missing = [n for n in graph.nodes
-                   if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
+        missing = [n for n in graph.nodes if not computes_nothing(n) and not backend.supports(n)]
     except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
         return CaseResult(case, backend.name, FAIL, f"supports() {_crash(e)}", detail=detail)
     if missing:

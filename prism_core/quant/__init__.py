@@ -23,7 +23,7 @@ from ..types import GGMLType, TypeTraits, as_type, traits
 from . import iquants, kquants, legacy
 
 __all__ = ["quantize", "dequantize", "can_quantize", "can_dequantize", "quantize_activations",
-           "NEEDS_IMPORTANCE_MATRIX", "OUT_OF_SCOPE"]
+           "NEEDS_IMPORTANCE_MATRIX", "GRID_SEARCH_NOT_PORTED", "OUT_OF_SCOPE"]
 
 G = GGMLType
 Codec = Callable[[np.ndarray], np.ndarray]
@@ -59,8 +59,12 @@ _ACTIVATIONS: dict[GGMLType, Codec] = {
     G.Q8_K: kquants.quantize_q8_K,  # ggml-cpu's x86 quantize_row_q8_K is the reference one
 }
 
-#: ggml's quantize_iq* for these require an importance matrix; Prism dequantizes them only.
-NEEDS_IMPORTANCE_MATRIX = frozenset({G.IQ2_XXS, G.IQ2_XS, G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ1_S, G.IQ1_M})
+#: ggml's quantize_iq* for these assert an importance matrix (ggml_quantize_requires_imatrix);
+#: Prism dequantizes them only.
+NEEDS_IMPORTANCE_MATRIX = frozenset({G.IQ2_XXS, G.IQ2_XS, G.IQ1_S})
+#: ggml quantizes these without an importance matrix too, by a search over the lattice grids that
+#: ggml_quantize_init builds; that search is not ported, Prism dequantizes them only.
+GRID_SEARCH_NOT_PORTED = frozenset({G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ1_M})
 #: Formats Prism does not quantize (NVFP4: dequantize only, via gguf) or handle at all (Q1_0, Q2_0).
 OUT_OF_SCOPE = frozenset({G.NVFP4, G.Q1_0, G.Q2_0})
 
@@ -91,6 +95,10 @@ def _refuse_quantize(tr: TypeTraits) -> None:
     if tr.type in NEEDS_IMPORTANCE_MATRIX:
         raise Unsupported(f"quantizing to {tr.name} needs an importance matrix (ggml's quantize_{tr.name} "
                           "requires one and has no reference quantizer without it); Prism only dequantizes it")
+    if tr.type in GRID_SEARCH_NOT_PORTED:
+        raise Unsupported(f"quantizing to {tr.name} is not implemented in Prism: ggml's quantize_{tr.name} searches "
+                          "the lattice grids built by ggml_quantize_init (best with an importance matrix), which "
+                          "Prism has not ported; Prism only dequantizes it")
     if tr.type in _DEQUANTIZERS:
         raise Unsupported(f"quantizing to {tr.name} is out of scope in Prism; it can only be dequantized")
     raise Unsupported(f"{tr.name} is out of scope in Prism: it can be neither quantized nor dequantized")

@@ -16,7 +16,7 @@ from ..errors import InvalidArgument, ShapeMismatch
 from ..tensor import Tensor
 from .dataset import Dataset
 from .metrics import Result
-from .optimizer import LossType, OptContext, OptimizerParams, OptimizerType
+from .optimizer import LossType, OptContext, OptimizerParams, OptimizerType, _enum
 from .progress import hms, is_tty, progress_bar_callback, time_us
 
 # (train, opt_ctx, dataset, result, ibatch done, ibatch_max, t_start_us)
@@ -104,7 +104,7 @@ def fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
         get_opt_pars: Callable[[Any], OptimizerParams] | OptimizerParams | None = None,
         nepoch: int = 1, nbatch_logical: int | None = None, val_split: float = 0.0, silent: bool = False, *,
         backend: Backend | str | None = None, callback: EpochCallback | None = None,
-        progress: bool | None = None, stream: IO[str] | None = None) -> FitResult:
+        progress: bool | None = None, stream: IO[str] | None = None, check_data: bool = True) -> FitResult:
     """``ggml_opt_fit``: train ``outputs`` (computed from ``inputs`` in ``ctx``) on ``dataset``.
 
     * The physical batch is ``inputs.ne[1]``; ``nbatch_logical`` (default: the physical
@@ -120,7 +120,15 @@ def fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
       ``(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``.
     * The progress bar and epoch lines go to ``stream`` (default stderr); ``progress=None``
       shows them only when that stream is a terminal, ``silent=True`` never.
+    * ``check_data`` (default on; ggml has no such check) refuses, before training, data or
+      labels holding NaN or infinity and, for the cross-entropy loss, labels that are not
+      probability distributions, naming the first bad datapoint (:meth:`Dataset.check`: one
+      pass over the dataset; switch it off for data known to be clean).
+    * A fit that raises leaves the model context as it found it: the tensors it created
+      (labels, loss, gradients, optimizer state) are dropped again.
     """
+    if not isinstance(ctx, Context):
+        raise InvalidArgument(f"fit: ctx must be a Context, got {type(ctx).__name__}")
     if not isinstance(dataset, Dataset):
         raise InvalidArgument(f"fit: dataset must be a Dataset, got {type(dataset).__name__}")
     if not isinstance(inputs, Tensor):
@@ -141,6 +149,8 @@ def fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
         raise InvalidArgument(f"fit: val_split must be a number in [0, 1), got {val_split!r}")
     if callback is not None and not callable(callback):
         raise InvalidArgument(f"fit: callback must be callable, got {type(callback).__name__}")
+    if not isinstance(check_data, bool):
+        raise InvalidArgument(f"fit: check_data must be a bool, got {check_data!r}")
     opt_period = nbatch_logical // nbatch_physical
     nbatches_logical = ndata // nbatch_logical
     # float32 arithmetic, truncated, as ggml
@@ -162,6 +172,26 @@ def fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
         raise InvalidArgument("fit: get_opt_pars must be a callable(epoch) returning OptimizerParams, an "
                               f"OptimizerParams or None, got {type(get_opt_pars).__name__}")
 
+    loss_type = _enum(LossType, loss_type, "loss type")
+    if check_data:
+        dataset.check(probabilities=loss_type == LossType.CROSS_ENTROPY)
+    flags = [(t, t.flags) for t in (inputs, outputs, outputs.view_src) if isinstance(t, Tensor)]
+    mark = ctx.mark()
+    try:
+        return _fit(ctx, inputs, outputs, dataset, loss_type, optimizer, pars_cb, epoch_box, nepoch, nbatch_logical,
+                    opt_period, idata_split, backend, callback, show, out)
+    except BaseException:  # nothing of a failed fit stays in the model's context
+        ctx.rollback(mark)
+        for t, f in flags:
+            t.flags = f
+        raise
+
+
+def _fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset, loss_type: LossType,
+         optimizer: OptimizerType | int | str, pars_cb: Any, epoch_box: dict, nepoch: int, nbatch_logical: int,
+         opt_period: int, idata_split: int, backend: Backend | str | None, callback: EpochCallback | None,
+         show: bool, out: IO[str]) -> FitResult:
+    ndata = dataset.ndata
     t_start = time_us()
     opt_ctx = OptContext(ctx, inputs, outputs, loss_type, optimizer, opt_period, get_opt_pars=pars_cb,
                          get_opt_pars_ud=epoch_box, backend=backend)
