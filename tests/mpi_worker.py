@@ -2,12 +2,13 @@
 
     mpiexec -n N python tests/mpi_worker.py equal OUT.json BACKEND[,BACKEND...]
     mpiexec -n N python tests/mpi_worker.py refuse OUT.json
-    mpiexec -n 2 python tests/mpi_worker.py raise|kill
+    mpiexec -n 2 python tests/mpi_worker.py raise|kill|uncaught
 
 ``equal``: for every backend, optimizer and per-rank period, a distributed fit and, on rank 0,
 a one-process fit with gradient accumulation over the same logical batch; rank 0 writes both
 to OUT.json. ``refuse``: arguments every rank must refuse alike; each rank writes what it
-caught. ``raise`` / ``kill``: rank 1 raises / is killed by SIGKILL at its second step.
+caught. ``raise`` / ``kill``: rank 1 raises / is killed by SIGKILL at its second step. ``uncaught``:
+rank 1 raises outside ``fit`` while rank 0 waits in a barrier, with ``abort_on_exception``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ def refuse(out: str) -> None:
 def fault(kind: str) -> None:
     comm = distributed.world()
     rank = comm.Get_rank()
+    if kind == "uncaught":
+        distributed.abort_on_exception(comm)
+        if rank == 1:
+            raise RuntimeError("rank 1 fails outside fit")
+        comm.Barrier()
+        print(f"rank {rank} finished, which it must not", flush=True)
+        return
 
     def callback(train_: bool, opt_ctx, ds, result, ibatch, ibatch_max, t_start) -> None:
         if rank == 1 and train_ and ibatch == 2 * opt_ctx.opt_period:

@@ -161,7 +161,39 @@ def test_a_rank_that_raises_aborts_every_rank(tmp_path):
 
 
 @needs_mpi
+def test_an_uncaught_error_outside_fit_aborts_every_rank_with_the_hook():
+    p = launch(2, "uncaught", timeout=120)
+    assert p.returncode != 0
+    assert "RuntimeError: rank 1 fails outside fit" in p.stderr and "rank 1 of 2 aborts every rank" in p.stderr
+    assert "finished" not in p.stdout
+
+
+@needs_mpi
 def test_a_rank_killed_mid_epoch_stops_the_job(tmp_path):
     p = launch(2, "kill", timeout=120)
     assert p.returncode != 0
     assert "finished" not in p.stdout
+
+
+@needs_mpi
+def test_digits_example_over_2_ranks_matches_one_process():
+    pytest.importorskip("sklearn", reason="examples/digits_mlp.py needs scikit-learn for its data set")
+    example = ROOT / "examples" / "digits_mlp.py"
+    args = ["--epochs", "2", "--silent", "--backend", "numpy", "--target", "0"]
+    env = dict(os.environ, PRISM_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "backends"), os.environ.get("PYTHONPATH", "")]))
+    one = subprocess.run([sys.executable, str(example), *args], env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert one.returncode == 0, one.stderr[-2000:]
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    two = subprocess.run([_mpiexec(), "--oversubscribe", "-n", "2", sys.executable, str(example), "--mpi", *args],
+                         env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert two.returncode == 0, two.stderr[-2000:]
+
+    def results(out: str) -> list[str]:  # "val: 384 images, loss L ± U, accuracy A ± V %" -> loss, accuracy
+        lines = [ln for ln in out.splitlines() if ln.startswith(("train:", "val:"))]
+        return [ln.split("loss ")[1].split(" ±")[0] + " " + ln.split("accuracy ")[1].split(" ±")[0] for ln in lines]
+
+    assert len(results(one.stdout)) == 2
+    assert results(two.stdout) == results(one.stdout)  # printed once (rank 0), same loss and accuracy
+    assert "on each of 2 ranks" in two.stdout
