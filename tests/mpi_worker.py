@@ -95,6 +95,7 @@ def refuse(out: str) -> None:
         "uneven": {"nbatch_logical": (nranks - 1) * BATCH * 2},
         "shapes": {"nhidden": NHIDDEN + 1 if rank == nranks - 1 else NHIDDEN},
         "data": {"data_seed": 8 if rank == 1 else 7},
+        "one rank": {"nepoch": 0 if rank == 1 else 1},
     }
     for name, trial in trials.items():
         ctx = pc.Context(1 << 24)
@@ -102,7 +103,8 @@ def refuse(out: str) -> None:
         ntensors = len(ctx.tensors)
         try:
             distributed.fit(ctx, x, logits, dataset(trial.get("data_seed", 7)), "cross_entropy", "adamw",
-                            nbatch_logical=trial.get("nbatch_logical", nranks * BATCH), silent=True, backend="numpy")
+                            nepoch=trial.get("nepoch", 1), nbatch_logical=trial.get("nbatch_logical", nranks * BATCH),
+                            silent=True, backend="numpy")
             caught[name] = None
         except pc.PrismError as e:
             caught[name] = {"type": type(e).__name__, "message": str(e), "untouched": len(ctx.tensors) == ntensors}

@@ -69,6 +69,66 @@ class FakeComm:
         return self.rank
 
 
+class LoneComm(FakeComm):
+    """One rank: the collectives have nothing to combine."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.nallreduce = 0
+
+    def Allreduce(self, _in_place, buf) -> None:  # noqa: N802
+        self.nallreduce += 1
+
+    def Bcast(self, buf, root: int = 0) -> None:  # noqa: N802
+        pass
+
+
+def _small_model(ctx: pc.Context, batch: int):
+    x = ctx.new_tensor(pc.F32, (3, batch), "x")
+    w = ctx.new_tensor(pc.F32, (3, 4), "w").set_param()
+    b = ctx.new_tensor(pc.F32, (4, 1), "b").set_param()
+    w.set(np.random.default_rng(3).normal(0, 0.5, (4, 3)))
+    return x, pc.add(pc.mul_mat(w, x), b)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_the_split_step_equals_ggml_accumulation_bit_for_bit(optimizer):
+    # gradients of P batches, the (here empty) allreduce, then a step graph of its own: the same
+    # arithmetic as OptContext's accumulation, whose last batch's graph also takes the step
+    rng = np.random.default_rng(5)
+    x_np = rng.normal(size=(48, 3)).astype(np.float32)
+    y_np = np.eye(4, dtype=np.float32)[rng.integers(0, 4, 48)]
+    runs = []
+    for distributed_ctx in (False, True):
+        ctx = pc.Context(1 << 22)
+        x, logits = _small_model(ctx, 4)
+        pars = train.OptimizerParams(adamw=train.AdamWParams(alpha=0.05), sgd=train.SGDParams(alpha=0.3))
+        comm = LoneComm()
+        if distributed_ctx:
+            oc = distributed.DistributedOptContext(ctx, x, logits, "cross_entropy", optimizer, 3, comm=comm,
+                                                   get_opt_pars=pars, backend="numpy")
+            run_epoch = distributed.epoch
+        else:
+            oc = train.OptContext(ctx, x, logits, "cross_entropy", optimizer, 3, get_opt_pars=pars, backend="numpy")
+            run_epoch = train.epoch
+        ds = train.Dataset.from_numpy(x_np, y_np)
+        rt, rv = train.Result(), train.Result()
+        for _ in range(2):
+            rt.reset()
+            rv.reset()
+            run_epoch(oc, ds, rt, rv, 36)
+        runs.append(([p.numpy().copy() for p in oc.params], rt.loss(), rt.accuracy(), rv.loss(), rv.pred(), oc.iter))
+        if distributed_ctx:
+            assert comm.nallreduce == 2 * (3 + 1)  # 3 steps and 1 validation chunk per epoch
+            with pytest.raises(pc.InvalidArgument, match="train with train_step"):
+                oc.alloc(True)
+    (pa, *ra), (pb, *rb) = runs
+    for a, b in zip(pa, pb):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_equal(ra, rb)
+    assert ra[-1] == 2 * 3 + 1
+
+
 def test_split_gives_each_rank_a_contiguous_run_of_each_logical_batch():
     runs = [list(distributed.split_batches(3, r, 4, 24).local_batches(6)) for r in range(3)]
     assert runs == [[6, 7], [8, 9], [10, 11]]  # 24 / 4 = 6 physical batches per step, 2 per rank
@@ -149,6 +209,10 @@ def test_bad_or_mismatched_arguments_are_refused_on_every_rank(tmp_path):
         assert "rank 2 has parameter" in caught["shapes"]["message"]
         assert "ne=[9, 4, 1, 1], on rank 0 'w2' is f32 ne=[8, 4, 1, 1]" in caught["shapes"]["message"]
         assert "rank 1 has dataset CRC-32" in caught["data"]["message"]
+        assert caught["one rank"]["type"] == "InvalidArgument"
+        assert "nepoch must be >= 1, got 0" in caught["one rank"]["message"]
+        if rank != 1:  # the others name the rank that refused
+            assert "rank 1 of 3 refused its arguments" in caught["one rank"]["message"]
         assert all(c["untouched"] for c in caught.values())  # refused before anything was built
 
 

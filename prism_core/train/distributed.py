@@ -48,7 +48,7 @@ from .dataset import Dataset
 from .fit import EpochCallback, FitResult, FitSetup, check_epoch_args, prepare_fit, run_fit
 from .fit import fit as fit_plain
 from .metrics import Result
-from .optimizer import BuildType, LossType, OptContext, OptimizerParams, OptimizerType
+from .optimizer import BuildType, LossType, OptContext, OptimizerParams, OptimizerType, optimizer_name
 from .progress import time_us
 
 INSTALL_HINT = "pip install 'prism-tensor[mpi]' (mpi4py and Open MPI) or pip install mpi4py mpich"
@@ -131,13 +131,17 @@ class DistributedOptContext(OptContext):
                  optimizer: OptimizerType | int | str, opt_period: int, *, comm: Any,
                  get_opt_pars: Callable[[Any], OptimizerParams] | OptimizerParams | None = None,
                  get_opt_pars_ud: Any = None, backend: Backend | str | None = None) -> None:
+        if not isinstance(inputs, Tensor) or not isinstance(ctx, Context):
+            raise InvalidArgument("DistributedOptContext: ctx must be a Context and inputs a Tensor")
+        if isinstance(opt_period, bool) or not isinstance(opt_period, (int, np.integer)) or opt_period < 1:
+            raise InvalidArgument(f"DistributedOptContext: opt_period must be an int >= 1, got {opt_period!r}")
         self.comm = comm
         self.split = split_batches(comm.Get_size(), comm.Get_rank(), inputs.ne[1], opt_period * inputs.ne[1])
-        # gradients only; the step is a graph of its own that reads the summed accumulators
-        super().__init__(ctx, inputs, outputs, loss_type, optimizer, opt_period, get_opt_pars=get_opt_pars,
-                         get_opt_pars_ud=get_opt_pars_ud, build_type=BuildType.GRAD, backend=backend)
-        assert self.gb_grad is not None
         with ctx.transaction():
+            # gradients only; the step is a graph of its own that reads the summed accumulators
+            super().__init__(ctx, inputs, outputs, loss_type, optimizer, opt_period, get_opt_pars=get_opt_pars,
+                             get_opt_pars_ud=get_opt_pars_ud, build_type=BuildType.GRAD, backend=backend)
+            assert self.gb_grad is not None
             self.gb_step = Graph(max(64, 4 * len(self.params) + 16))
             for node in reversed(self.gf.nodes):
                 acc = self.gb_grad.grad_acc(node)
@@ -175,6 +179,12 @@ class DistributedOptContext(OptContext):
         self.batch_loss = self.metrics[:period]
         self.batch_ncorrect = self.metrics[period:2 * period]
         self.batch_pred = self.metrics[2 * period:].reshape(period, batch)
+
+    def alloc(self, backward: bool) -> None:
+        if backward:
+            raise InvalidArgument("DistributedOptContext: train with train_step() or distributed.epoch(); "
+                                  "alloc(True) and eval() would step without summing the ranks' gradients")
+        super().alloc(backward)
 
     def _compute(self, graph: Graph) -> None:
         planned: Plan | None = self._plans.get(id(graph))
@@ -295,9 +305,10 @@ def _describe(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset, s
         "parameters": [(p.name, p.traits.name, tuple(p.ne)) for p in params],
         "inputs": (inputs.traits.name, tuple(inputs.ne)),
         "outputs": (outputs.traits.name, tuple(outputs.ne)),
-        "dataset": (dataset.ndata, dataset.ne_datapoint, dataset.ne_label, dataset.ndata_shard),
-        "batches": (setup.nbatch_logical, setup.idata_split, setup.nepoch),
-        "loss and optimizer": (setup.loss_type.name, str(optimizer)),
+        "dataset (ndata, ne_datapoint, ne_label, ndata_shard)": (dataset.ndata, dataset.ne_datapoint,
+                                                                 dataset.ne_label, dataset.ndata_shard),
+        "batches (nbatch_logical, idata_split, nepoch)": (setup.nbatch_logical, setup.idata_split, setup.nepoch),
+        "loss and optimizer": (setup.loss_type.name, optimizer_name(optimizer)),
     }
     if fingerprint:  # the same data everywhere, or the shuffled shards differ
         crc = zlib.crc32(dataset.data.storage())
@@ -307,19 +318,23 @@ def _describe(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset, s
     return desc
 
 
-def _first_difference(mine: dict, ref: dict) -> str | None:
+SHAPE_KEYS = ("parameters", "inputs", "outputs")
+
+
+def _first_difference(mine: dict, ref: dict) -> tuple[str, str] | None:
+    """(what differs, how) between a rank's description and rank 0's, or None."""
     for key, want in ref.items():
         got = mine.get(key)
         if got == want:
             continue
         if key == "parameters" and isinstance(got, list):
             if len(got) != len(want):
-                return f"{len(got)} parameters, rank 0 has {len(want)}"
+                return key, f"{len(got)} parameters, rank 0 has {len(want)}"
             for i, (g, w) in enumerate(zip(got, want)):
                 if g != w:
-                    return (f"parameter #{i} '{g[0]}' is {g[1]} ne={list(g[2])}, on rank 0 '{w[0]}' is {w[1]} "
-                            f"ne={list(w[2])}")
-        return f"{key} {got}, rank 0 has {want}"
+                    return key, (f"parameter #{i} '{g[0]}' is {g[1]} ne={list(g[2])}, on rank 0 '{w[0]}' is {w[1]} "
+                                 f"ne={list(w[2])}")
+        return key, f"{key} {got}, rank 0 has {want}"
     return None
 
 
@@ -367,8 +382,8 @@ def fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
     for r, (_, d) in enumerate(gathered[1:], start=1):
         diff = _first_difference(d, gathered[0][1])
         if diff is not None:
-            cls = ShapeMismatch if "ne=" in diff or "parameters" in diff else InvalidArgument
-            raise cls(f"distributed fit: the ranks disagree: rank {r} has {diff}")
+            cls = ShapeMismatch if diff[0] in SHAPE_KEYS else InvalidArgument
+            raise cls(f"distributed fit: the ranks disagree: rank {r} has {diff[1]}")
     if check_data:  # the same data on every rank (checked above), so all refuse alike
         dataset.check(probabilities=setup.loss_type == LossType.CROSS_ENTROPY)
 
