@@ -142,7 +142,7 @@ class DistributedOptContext(OptContext):
             super().__init__(ctx, inputs, outputs, loss_type, optimizer, opt_period, get_opt_pars=get_opt_pars,
                              get_opt_pars_ud=get_opt_pars_ud, build_type=BuildType.GRAD, backend=backend)
             assert self.gb_grad is not None
-            self.gb_step = Graph(max(64, 4 * len(self.params) + 16))
+            self.gb_step = Graph(8 * len(self.params) + 16)  # a step node and its 5 sources per parameter
             for node in reversed(self.gf.nodes):
                 acc = self.gb_grad.grad_acc(node)
                 if acc is not None and node.flags & Flag.PARAM:
