@@ -63,7 +63,10 @@ def world() -> Any:
     return MPI.COMM_WORLD
 
 
-def _in_place() -> Any:
+def _in_place(comm: Any) -> Any:
+    """mpi4py's in-place marker for an mpi4py communicator; a stand-in (a test's) gets None."""
+    if type(comm).__module__.split(".")[0] != "mpi4py":
+        return None
     from mpi4py import MPI
     return MPI.IN_PLACE
 
@@ -136,6 +139,7 @@ class DistributedOptContext(OptContext):
         if isinstance(opt_period, bool) or not isinstance(opt_period, (int, np.integer)) or opt_period < 1:
             raise InvalidArgument(f"DistributedOptContext: opt_period must be an int >= 1, got {opt_period!r}")
         self.comm = comm
+        self._in_place = _in_place(comm)
         self.split = split_batches(comm.Get_size(), comm.Get_rank(), inputs.ne[1], opt_period * inputs.ne[1])
         with ctx.transaction():
             # gradients only; the step is a graph of its own that reads the summed accumulators
@@ -201,7 +205,7 @@ class DistributedOptContext(OptContext):
 
     def _allreduce(self, buf: np.ndarray) -> None:
         t0 = time.perf_counter()
-        self.comm.Allreduce(_in_place(), buf)
+        self.comm.Allreduce(self._in_place, buf)
         self.allreduce_seconds += time.perf_counter() - t0
         self.nallreduce += 1
 
