@@ -824,3 +824,22 @@ def test_flash_attention_with_no_keys_gives_zeros(ctx, backend, with_sinks):
     y = pc.flash_attn_ext(q, k, v, sinks=sinks)
     pc.compute(y, backend)
     assert y.numpy().shape == (2, 1, 6) and not y.numpy().any()
+
+
+@pytest.mark.parametrize("values", [[[1, 2], [3]], [[1.0, 2.0, 3.0], [1.0, [2.0], 3.0]]], ids=["ragged", "nested"])
+def test_ragged_values_are_refused(ctx, graph, values):
+    with refused(InvalidArgument, r"from_numpy: values must form a rectangular numeric array", ctx, graph):
+        ctx.from_numpy(values)
+    t = f32(ctx, 2, 3)
+    with refused(InvalidArgument, r"set: values must form a rectangular numeric array", ctx, graph):
+        t.set(values)
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_numpy_of_a_huge_stride_0_view_is_refused_before_allocating():
+    big = pc.Context(mem_size=2**40)
+    v = pc.view_4d(big.new_tensor("f32", (1,)), 1, 2**20, 2**20, 2**10, 0, 0, 0)  # 4 bytes seen 2**50 times
+    with pytest.raises(BoundExceeded, match=r"numpy: the copy of .* needs 4503599627370496 bytes, more than its "
+                                            r"context's budget of 1099511627776"):
+        v.numpy()
+    assert pc.view_2d(big.new_tensor("f32", (4,)), 4, 3, 0).numpy().shape == (3, 4)
