@@ -691,6 +691,9 @@ HARDENING: list[tuple[str, Setup, type[Exception], str]] = [
     ("conv_2d-empty-input", _two_args(empty(1, 1, 1, 1), empty(0, 3, 1, 1),
                                       lambda a, b: pc.conv_2d(a, b, 2**31 - 1, 2, 0, 0, 2, 1)), ShapeMismatch,
      r"CONV_2D: the input is empty along dim 0"),
+    ("pool_2d-padding-beyond-input", _one_arg(empty(4, 4), lambda a: pc.pool_2d(a, "MAX", 2**31 - 1, 1, 2**31 - 1, 1,
+                                                                               2**30, 0)), InvalidArgument,
+     r"POOL_2D: padding 1073741824 along dim 0 is larger than the input's 4 elements"),
     # zero extents the op cannot define
     ("cross_entropy-no-classes", _two_args(empty(0, 3), empty(0, 3), pc.cross_entropy_loss), ShapeMismatch,
      r"CROSS_ENTROPY_LOSS: a has no elements \(ne=\[0, 3, 1, 1\]\)"),
