@@ -183,6 +183,19 @@ def test_reference_quantizers_match_gguf(cs, t):
     np.testing.assert_array_equal(c_quant(cs, x, t, mode=1), want)
 
 
+@pytest.mark.parametrize("t", (GT.Q4_K, GT.Q5_K, GT.Q6_K), ids=lambda t: t.name)
+def test_k_quantizers_match_prism_core(cs, t):
+    """ggml's searching reference quantizers in C against prism_core.quant's NumPy port (bit for bit)."""
+    from prism_core.quant import quantize
+    rng = np.random.default_rng(int(t) + 31)
+    x = np.concatenate([_rows(rng, 1024), rng.standard_normal(2048).astype(np.float32) * 3,
+                        np.zeros(256, np.float32), np.abs(rng.standard_normal(512)).astype(np.float32) + 0.5,
+                        (rng.standard_normal(4096) * np.exp(rng.uniform(-8, 8, 4096))).astype(np.float32),
+                        np.repeat(rng.standard_normal(64), 16).astype(np.float32)]).reshape(-1, 256)
+    x[5, 17] = 1e-20  # a group that is zero but for a denormal-size value
+    np.testing.assert_array_equal(c_quant(cs, x, t, mode=1), quantize(x, GGMLType(int(t))).reshape(-1, _block(t)[1]))
+
+
 def _np_q8_0_cpu(x: np.ndarray, with_sum: bool) -> np.ndarray:
     """ggml's CPU Q8_0/Q8_1 activation quantizer written out: d = amax/127, id = 127/amax, ties to even."""
     xb = x.reshape(-1, 32).astype(np.float32)
@@ -449,8 +462,9 @@ def test_cpy_both_ways(cs, isa, t):
 def test_cpy_refuses_types_without_quantizer(cs):
     ffi, lib = cs
     x = np.zeros((1, 256), dtype=np.float32)
-    q = np.zeros((1, 144), dtype=np.uint8)
-    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q4_K, (256, 1, 1, 1)), 1, 1) == -1
+    q = np.zeros((1, 84), dtype=np.uint8)
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q2_K, (256, 1, 1, 1)), 1, 1) == -1
+    assert not q.any()
 
 
 @pytest.mark.parametrize("t", (GT.Q4_0, GT.Q8_0, GT.Q5_1), ids=lambda t: t.name)

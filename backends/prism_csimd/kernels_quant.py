@@ -30,7 +30,7 @@ REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: it
 
 # block types csrc/csimd_quant.h can write (ggml's reference quantizers): the op table's others (the
 # K-quants' and IQ4's searching quantizers) are refused here and computed by the reference
-C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0})
+C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0, G.Q4_K, G.Q5_K, G.Q6_K})
 C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
 
 def is_block(t: Tensor) -> bool:
