@@ -29,8 +29,9 @@ from prism_core import Tensor
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
-from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
-from . import kernels_quant  # noqa: F401 - registers the block-type cases (after the float wrappers)
+# kernels_ext registers the RoPE, attention and convolution wrappers; kernels_quant then the block-type
+# cases (re-registering MUL_MAT, GET_ROWS, CPY, ... with block types added to the float wrappers)
+from . import kernels_ext, kernels_quant  # noqa: F401
 from .kernels import KERNELS, TABLE, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
