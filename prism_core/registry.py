@@ -132,7 +132,17 @@ def _is_own(ep: metadata.EntryPoint | None, backend: Backend) -> bool:
         return False
     path = Path(file).resolve()
     where = path.parent.parent if path.name == "__init__.py" else path.parent
-    return where in _own_roots()
+    return where in _own_roots() or any(path in _shipped_files(d) for d in metadata.distributions()
+                                        if _canonical(d.metadata["Name"] or "") == OWN_DISTRIBUTION)
+
+
+def _shipped_files(dist: metadata.Distribution) -> frozenset[Path]:
+    """The files an installed prism-tensor wheel recorded, when it also ships the core itself (so
+    a source checkout's prism_core on sys.path still recognises the installed built-in backends,
+    and a distribution that only borrows the name ships no prism_core)."""
+    files = [dist.locate_file(f) for f in dist.files or () if str(f).endswith(".py")]
+    paths = frozenset(Path(f).resolve() for f in files)
+    return paths if any(p.parts[-2:] == ("prism_core", "__init__.py") for p in paths) else frozenset()
 
 
 def _hook_problem(pm: pluggy.PluginManager, plugin: Any) -> str:
