@@ -44,21 +44,31 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from .build import builders_for
-    from .optable import OPS, describe_types
+    from .opspec import all_pages, listing_line, page, to_markdown
+    from .optable import OPS, opdef
+    if args.json:
+        import json
+        print(json.dumps({"ops": all_pages()}, indent=1))
+        return 0
+    if args.markdown:
+        from pathlib import Path
+        root = Path(args.markdown)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            index = ["# Prism op specification", "", "One page per op of the table (`prism ops OP`).", ""]
+            for k, d in OPS.items():
+                (root / f"{k}.md").write_text(to_markdown(page(k)), encoding="utf-8")
+                index.append(f"- [{k}]({k}.md): {d.doc}")
+            (root / "index.md").write_text("\n".join(index) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise PrismError(f"cannot write the op pages to {root}: {e}") from None
+        print(f"wrote {len(OPS)} op pages and index.md to {root}")
+        return 0
+    if args.op:
+        print(to_markdown(page(opdef(args.op).key)), end="")
+        return 0
     for d in OPS.values():
-        srcs = ", ".join(f"{s.name}{'?' if s.optional else ''}" for s in d.srcs)
-        params = ", ".join(p.name + ("" if p.required else f"={p.default!r}") for p in d.params)
-        flags = [f for f, on in (("inplace", d.inplace), ("view", d.view_only)) if on]
-        print(f"{d.key:<24} {d.op.name}={int(d.op):<3} ({srcs})" + (f" [{params}]" if params else "")
-              + (f" {{{', '.join(flags)}}}" if flags else ""))
-        print(f"{'':<24} {d.doc}; builders: {', '.join(builders_for(d)) or 'node(' + repr(d.key) + ', ...)'}")
-        print(f"{'':<24} types: " + "; ".join(f"{s.name}: {describe_types(s.types)}" for s in d.srcs))
-        if d.differentiable:
-            print(f"{'':<24} gradient for: {', '.join(k for k, r in d.grad.items() if r != 'ignore')}"
-                  + (f" (not: {d.nograd})" if d.nograd else ""))
-        else:
-            print(f"{'':<24} not differentiable: {d.nograd or 'piecewise constant: the gradient is zero'}")
+        print("\n".join(listing_line(d)))
     return 0
 
 
@@ -205,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", action="version", version=f"prism {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="list backends and their state").set_defaults(func=cmd_info)
-    sub.add_parser("ops", help="list the op table").set_defaults(func=cmd_ops)
+    o = sub.add_parser("ops", help="list the op table, or print an op's specification page")
+    o.add_argument("op", nargs="?", metavar="OP", help="print this op's full page (e.g. SOFT_MAX, gelu)")
+    o.add_argument("--markdown", metavar="DIR", help="write every op's page (and index.md) into DIR")
+    o.add_argument("--json", action="store_true", help="print every op's page as JSON")
+    o.set_defaults(func=cmd_ops)
     c = sub.add_parser("conformance", help="run the conformance suite and print the op-by-backend table")
     c.add_argument("--backend", action="append", metavar="NAME", help="backend name or 'all' (default: all)")
     c.add_argument("--op", action="append", metavar="OP", help="only this op key (repeatable)")
