@@ -78,6 +78,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from .conformance.workers import Suite, in_process_only, run_suite
     from .optable import OPS, opdef
     from .registry import REGISTRY, backend, backends
+    if args.case:
+        return _replay(args)
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
@@ -131,7 +133,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         for name, rs in results.items():
             print(summary(name, rs))
     else:
-        print(table(results, ops))
+        print(table(results, ops, verbose=args.verbose))
     incomplete = ("interrupted" if interrupted else
                   f"the overall budget of {args.budget:g} s ran out" if out_of_budget else "")
     if incomplete:
@@ -160,6 +162,23 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``--case ID``: exactly that case, in this process, with its inputs and both outputs."""
+    from .conformance.replay import replay
+    from .registry import backend
+    if not args.backend or "all" in args.backend or len(args.backend) != 1:
+        raise PrismError("--case replays on one backend: give --backend NAME once")
+    if args.op or args.random is not None or args.report:
+        raise PrismError("--case names the case itself; it takes no --op, --random or --report")
+    be = backend(args.backend[0])
+    failed = False
+    for cid in args.case:
+        text, result = replay(cid, be)
+        print(text)
+        failed |= result.failed
+    return 1 if failed else 0
 
 
 # ------------------------------------------------------------------ argument types (bad values: usage errors)
@@ -245,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the backends in this process (worker threads with the per-case timeout; 0: the "
                         "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="also list every unsupported case with the backend's reason and its replay command")
+    c.add_argument("--case", action="append", metavar="ID",
+                   help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
+                        "in this process, printing its inputs, the expected and the actual output")
     c.set_defaults(func=cmd_conformance)
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")

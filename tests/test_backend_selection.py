@@ -65,7 +65,7 @@ def test_using_backend_is_scoped_nested_and_restored_after_errors(monkeypatch):
         assert seen == ["numpy"], "another thread keeps the process default"
     with pytest.raises(ZeroDivisionError):
         with pc.using_backend(other):
-            1 / 0
+            raise ZeroDivisionError("inside the block")
     assert _used() == "numpy"
     # an explicit backend always wins
     with pc.using_backend(other):

@@ -69,8 +69,9 @@ def summary(name: str, results: list[CaseResult]) -> str:
             f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported)")
 
 
-def table(results: dict[str, list[CaseResult]], ops: list[str]) -> str:
-    """``results`` maps backend name -> its case results (in op order)."""
+def table(results: dict[str, list[CaseResult]], ops: list[str], verbose: bool = False) -> str:
+    """``results`` maps backend name -> its case results (in op order); ``verbose`` adds every
+    unsupported case with the backend's reason and its replay command."""
     names = list(results)
     by = {b: _by_op(rs) for b, rs in results.items()}
     rows = [["op", *names]]
@@ -84,6 +85,11 @@ def table(results: dict[str, list[CaseResult]], ops: list[str]) -> str:
     failures = [r for rs in results.values() for r in rs if r.failed]
     if failures:
         lines += ["", "Failures:"] + [f"  {r.describe()}" for r in failures]
+    unsupported = [r for rs in results.values() for r in rs if r.status == UNSUPPORTED]
+    if verbose and unsupported:
+        lines += ["", "Unsupported:"] + [f"  {r.describe()}" for r in unsupported]
+    elif unsupported:
+        lines += ["", f"{len(unsupported)} unsupported cases; -v lists them with the backend's reasons"]
     return "\n".join(lines)
 
 

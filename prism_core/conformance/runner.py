@@ -42,7 +42,7 @@ from ..registry import REGISTRY
 from ..schedule import backend_reason, compute, computes_nothing
 from ..tensor import Tensor
 from ..types import traits
-from .cases import Built, Case
+from .cases import Built, Case, case_id, replay_command
 
 PASS, FAIL, UNSUPPORTED, TIMEOUT = "pass", "fail", "unsupported", "timeout"
 CRASHED = "crashed"  # the worker process died (a signal, or an exit from native code) in this case
@@ -74,11 +74,22 @@ class CaseResult:
         if self.worst is not None:
             s += f"; worst element {_index(self.worst[0])}: expected {self.worst[1]!r}, got {self.worst[2]!r}"
         s += f": {self.message}" if self.message else ""
-        return s + (f" [{self.detail}]" if self.detail and self.status != PASS else "")
+        s += f" [{self.detail}]" if self.detail and self.status != PASS else ""
+        return s + (f"\n    replay: {self.replay}" if self.status != PASS else "")
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self.case)
+
+    @property
+    def replay(self) -> str:
+        """The command that re-runs exactly this case on this backend."""
+        return replay_command(self.backend, self.case)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record of this result (used by the certification report)."""
         d: dict[str, Any] = {"op": self.case.key, "case": self.case.desc, "name": self.case.name,
+                             "id": self.case_id, "replay": self.replay,
                              "status": self.status, "message": self.message, "detail": self.detail,
                              "nmse": _num(self.err), "bound": _num(self.bound), "worst": None}
         if self.worst is not None:
