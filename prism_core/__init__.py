@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import build, ops, optable, quant, types
 from .autodiff import build_backward, reset
-from .backend import Backend, Kernel
+from .backend import Backend, Kernel, KernelTable, type_refusal
 from .build import *  # noqa: F403 - the graph-building functions are the public API
 from .build import node
 from .context import Context

@@ -224,6 +224,19 @@ def jobs_arg(text: str) -> int:
     return int_at_least(1)(text)
 
 
+def cmd_new_backend(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .scaffold import write_backend
+    files = write_backend(args.name, args.dir)
+    root = Path(os.path.commonpath(files))
+    print(f"wrote the {args.name} backend package ({len(files)} files) into {root}:")
+    for f in files:
+        print(f"  {f.relative_to(root)}")
+    print(f"next: pip install -e {root} && prism conformance --backend {args.name} (see its README.md)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo
     return demo(args.backend)
@@ -270,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
                         "in this process, printing its inputs, the expected and the actual output")
     c.set_defaults(func=cmd_conformance)
+    nb = sub.add_parser("new-backend", help="write a ready backend plugin package to start from")
+    nb.add_argument("name", metavar="NAME", help="the backend's name (lowercase letters, digits, _)")
+    nb.add_argument("--dir", default=None, metavar="D", help="where to write it (default ./prism-NAME; "
+                    "must not exist or be empty)")
+    nb.set_defaults(func=cmd_new_backend)
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")
     d.set_defaults(func=cmd_demo)
