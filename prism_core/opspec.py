@@ -107,7 +107,7 @@ def page(key: str) -> dict[str, Any]:
         "special_values": sp.special if sp else "",
         "view_only": d.view_only, "inplace": d.inplace, "builders": builders_for(d),
         "derivative": derivative(d),
-        "conformance": {"nmse_bound": d.nmse},
+        "conformance": {"nmse_bound": d.nmse, "element_bound": _element_bound(d)},
         "example": _example(sp.example) if sp else None,
         "common_rules": list(COMMON_RULES),
     }
@@ -151,6 +151,11 @@ def build_example(key: str, ctx: Context | None = None) -> Tensor:
     return node(d.key, *srcs, ctx=ctx, **example_params(d, e))
 
 
+def _element_bound(d: OpDef) -> str:
+    from .conformance.accuracy import bound_text
+    return bound_text(d)
+
+
 def all_pages() -> list[dict[str, Any]]:
     return [page(k) for k in OPS]
 
@@ -188,7 +193,8 @@ def to_markdown(p: dict[str, Any]) -> str:
               "", "## Derivative", ""]
     lines += [f"- `{k}`: {v}" for k, v in p["derivative"].items()] or ["no sources"]
     c = p["conformance"]
-    lines += ["", "## Conformance", "", f"- NMSE bound: {c['nmse_bound']:g}", "", "## Worked example", ""]
+    lines += ["", "## Conformance", "", f"- NMSE bound: {c['nmse_bound']:g}", f"- per element: {c['element_bound']}",
+              "", "## Worked example", ""]
     e = p["example"]
     for name, x in e["inputs"].items():
         lines.append(f"- `{name}`: {x['type']} ne={x['ne']} values {[_fmt(v) for v in x['values']]}")
