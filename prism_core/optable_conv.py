@@ -207,6 +207,8 @@ spec("CONV_2D", "b's type, [OW, OH, OC, N] for a [KW, KH, IC, OC], b [W, H, IC, 
 
 # ------------------------------------------------------------------ pooling
 def _pool_size(d, what: str, ins: int, k: int, s: int, p: int) -> int:
+    if p > ins:  # decided here for every backend: it bounds the window (k <= ins + 2p) by the input
+        _fail(d, f"padding {p} along {what} is larger than the input's {ins} elements", InvalidArgument)
     o = pool_output_size(ins, k, s, p)
     if o < 1:
         _fail(d, f"output size along {what} is {o} < 1: input {ins} + 2*padding {p} is smaller than "
