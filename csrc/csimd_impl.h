@@ -646,9 +646,7 @@ ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, 
 /* ------------------------------------------------------------ mul_mat: packed, cache-blocked GEMM
    C (N x M, row stride ldc floats) = B (N x K) * A^T, A is M x K; both read through byte strides.
    A^T is packed in panels of NR columns ([k][NR]), B in panels of MR rows ([k][MR]). */
-#define KC 256
-#define NCB 512
-#define MCB 384
+#define KC 256 /* K block of the small-N kernel below */
 
 ATTR static void FN(pack_a)(float *restrict dst, const char *a, int at, int64_t snm, int64_t snk,
                             int64_t m0, int64_t mn, int64_t k0, int64_t kc) {
@@ -757,46 +755,89 @@ ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *re
     }
 }
 
+/* cache blocking for this path's micro-tile from the machine's caches: B's sliver (MR x KC) and
+   A's panel (KC x NR) together take about 2/3 of L1; a thread's packed A block (KC x NC) about half
+   of its L2; each of the two shared packed B blocks (NB x KC) an eighth of L3 (other cores and
+   processes share it). K is cut into equal blocks, so the last one is not a sliver. */
+ATTR static void FN(gemm_blocking)(int64_t K, int64_t *kc, int64_t *nc, int64_t *nb) {
+    int64_t k = csimd_cache_bytes(1) * 2 / 3 / ((NR + MR) * 4) / 16 * 16;
+    k = k < 64 ? 64 : k > 1024 ? 1024 : k;
+    const int64_t nkb = K > 0 ? (K + k - 1) / k : 1;
+    k = (K + nkb - 1) / nkb;
+    *kc = k < 1 ? 1 : k;
+    const int64_t n = csimd_cache_bytes(2) / 2 / (*kc * 4) / NR * NR;
+    *nc = n < NR ? NR : n > 4096 ? 4096 : n;
+    const int64_t r = csimd_cache_bytes(3) / 8 / (*kc * 4) / MR * MR;
+    *nb = r < 8 * MR ? 8 * MR : r > 65536 / MR * MR ? 65536 / MR * MR : r;
+}
+
+/* C (N x M) = B A^T. Each thread owns a fixed range of A's NR-column panels, so of C's columns (no
+   two threads write one element, and each sum runs over K in the same order whatever the thread
+   count). For each block of KC of K and NB rows of B, the threads pack that block of B together
+   (slivers split between them) into one of two shared buffers and meet at a single barrier (two
+   buffers: the next block goes into the one every thread had finished with before this barrier).
+   Each thread then packs its columns of A, NC at a time, into its own buffer (L2) and runs the
+   micro-kernel with B's sliver in L1 against each of its A panels. */
 ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int bt, int64_t bnn,
                          int64_t bnk, float *C, int64_t ldc, int64_t cs, int64_t M, int64_t N, int64_t K, int nth) {
-    const int64_t npa = (NCB + NR - 1) / NR, npb = (MCB + MR - 1) / MR;
-    float *Apack = (float *)csimd_alloc((size_t)npa * KC * NR * 4);
-    float *Bpack = (float *)csimd_alloc((size_t)npb * KC * MR * 4);
-    if (!Apack || !Bpack) { free(Apack); free(Bpack); return -2; }
     if (K == 0) {
         for (int64_t n = 0; n < N; n++) for (int64_t m = 0; m < M; m++) C[n * ldc + m * cs] = 0.0f;
+        return 0;
     }
+    int64_t KCB, NCB, NBB;
+    FN(gemm_blocking)(K, &KCB, &NCB, &NBB);
+    if (nth < 1) nth = 1;
+    const int64_t panels = (M + NR - 1) / NR;
+    if (nth > panels) nth = (int)panels;
+    const int64_t per = (panels + nth - 1) / nth * NR; /* columns of the busiest thread */
+    const int64_t njb = (per + NCB - 1) / NCB;         /* its columns in equal blocks, as K */
+    NCB = ((per + njb - 1) / njb + NR - 1) / NR * NR;
+    const int64_t nbb = (N + NBB - 1) / NBB;
+    NBB = ((N + nbb - 1) / nbb + MR - 1) / MR * MR;
+    /* sizes in whole cache lines: A's buffers after B's stay aligned for the vector loads */
+    const size_t bsz = ((size_t)NBB * KCB + 15) / 16 * 16, asz = ((size_t)NCB * KCB + 15) / 16 * 16;
+    float *Bpack = (float *)csimd_alloc((2 * bsz + (size_t)nth * asz) * 4);
+    if (!Bpack) return -2;
+    float *Apacks = Bpack + 2 * bsz;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1)
-    for (int64_t jc = 0; jc < M; jc += NCB) {
-        const int64_t nc = M - jc < NCB ? M - jc : NCB, pa = (nc + NR - 1) / NR;
-        for (int64_t pc = 0; pc < K; pc += KC) {
-            const int64_t kc = K - pc < KC ? K - pc : KC;
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < pa; p++) {
-                const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
-                FN(pack_a)(Apack + p * KC * NR, a, at, anm, ank, m0, mn, pc, kc);
-            }
-            for (int64_t ic = 0; ic < N; ic += MCB) {
-                const int64_t mc = N - ic < MCB ? N - ic : MCB, pb = (mc + MR - 1) / MR;
-#pragma omp for schedule(static)
-                for (int64_t q = 0; q < pb; q++) {
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        float *Ap = Apacks + (size_t)tid * asz;
+        const int64_t c0 = panels * tid / nt * NR, c1m = panels * (tid + 1) / nt * NR, c1 = c1m < M ? c1m : M;
+        int64_t step = 0;
+        for (int64_t pc = 0; pc < K; pc += KCB) {
+            const int64_t kc = K - pc < KCB ? K - pc : KCB;
+            for (int64_t ic = 0; ic < N; ic += NBB, step++) {
+                const int64_t mc = N - ic < NBB ? N - ic : NBB, pb = (mc + MR - 1) / MR;
+                float *Bb = Bpack + (step & 1) * bsz;
+                for (int64_t q = pb * tid / nt; q < pb * (tid + 1) / nt; q++) {
                     const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
-                    FN(pack_b)(Bpack + q * KC * MR, b, bt, bnn, bnk, n0, nn, pc, kc);
+                    FN(pack_b)(Bb + q * kc * MR, b, bt, bnn, bnk, n0, nn, pc, kc);
                 }
-                const int64_t tiles = pb * pa;
-#pragma omp for schedule(dynamic, 4)
-                for (int64_t t = 0; t < tiles; t++) {
-                    const int64_t q = t / pa, p = t % pa;
-                    const int64_t n0 = ic + q * MR, m0 = jc + p * NR;
-                    const int64_t nn = N - n0 < MR ? N - n0 : MR, mn = M - m0 < NR ? M - m0 : NR;
-                    FN(micro)(kc, Apack + p * KC * NR, Bpack + q * KC * MR, C + n0 * ldc + m0 * cs, ldc, cs, pc == 0,
-                              nn, mn);
+#pragma omp barrier
+                for (int64_t jc = c0; jc < c1; jc += NCB) {
+                    const int64_t nc = c1 - jc < NCB ? c1 - jc : NCB, pa = (nc + NR - 1) / NR;
+                    for (int64_t p = 0; p < pa; p++) {
+                        const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
+                        FN(pack_a)(Ap + p * kc * NR, a, at, anm, ank, m0, mn, pc, kc);
+                    }
+                    for (int64_t q = 0; q < pb; q++) {
+                        const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
+                        for (int64_t p = 0; p < pa; p++) {
+                            const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
+                            FN(micro)(kc, Ap + p * kc * NR, Bb + q * kc * MR, C + n0 * ldc + m0 * cs, ldc, cs,
+                                      pc == 0, nn, mn);
+                        }
+                    }
                 }
             }
         }
     }
-    free(Apack);
     free(Bpack);
     return 0;
 }
