@@ -19,7 +19,7 @@ import prism_core as pc
 
 from . import gguf_open
 from . import quant as quant_section
-from .machine import copy_bandwidth_gbs, fp32_peak_gflops
+from .machine import copy_bandwidth_gbs, fp32_peak_gflops, read_bandwidth_gbs
 
 try:
     import torch
@@ -114,9 +114,13 @@ class Bench:
             y = pc.add(ctx.from_numpy(a), ctx.from_numpy(b)).set_output()
             plan = pc.plan(y, be)
             rows["prism:" + be.name] = moved / best_time(plan.compute, self.repeats) / 1e9
+        read_bw = read_bandwidth_gbs()
+        self.record("machine", "copy bandwidth GB/s (1 thread)", bw)
+        self.record("machine", "read bandwidth GB/s (all cores)", read_bw)
         self.table(f"elementwise add, {n >> 20}M floats", [("add", rows)], "GB/s", "numpy-direct",
-                   extra=f"  machine copy bandwidth {bw:.1f} GB/s; fractions: "
-                   + ", ".join(f"{k} {v / bw:.0%}" for k, v in rows.items()))
+                   extra=f"  machine copy bandwidth {bw:.1f} GB/s (np.copyto, one thread), read bandwidth "
+                   f"{read_bw:.1f} GB/s (every core summing its own slice, measured); fractions of the copy "
+                   "bandwidth: " + ", ".join(f"{k} {v / bw:.0%}" for k, v in rows.items()))
 
     def mul_mat(self) -> None:
         peak, how = fp32_peak_gflops()
@@ -137,8 +141,10 @@ class Bench:
                 plan = pc.plan(y, be)
                 vals["prism:" + be.name] = flops / best_time(plan.compute, 1 if flops > 1e10 else self.repeats) / 1e9
             rows.append((f"{n}x{k}x{m}", vals))
+        self.record("machine", "FP32 peak GFLOPS", peak)
         self.table("F32 mul_mat", rows, "GFLOPS", "numpy-direct",
-                   extra=f"  FP32 peak estimate {peak:.0f} GFLOPS ({how})")
+                   extra=f"  FP32 peak {peak:.0f} GFLOPS ({how}); fractions of it at {rows[0][0]}: "
+                   + ", ".join(f"{k} {v / peak:.0%}" for k, v in rows[0][1].items()))
 
     def row_ops(self) -> None:
         rows_n = 256 if self.quick else 1024
