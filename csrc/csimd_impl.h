@@ -648,12 +648,87 @@ ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, 
    A^T is packed in panels of NR columns ([k][NR]), B in panels of MR rows ([k][MR]). */
 #define KC 256 /* K block of the small-N kernel below */
 
+#if ISA_LEVEL >= 1
+/* VL rows of VL floats (rows from nv on read as zeros) written transposed: column l of the block
+   goes to dst + l * ldd, its first ns values. Packing F32 rows this way costs a few shuffles per
+   vector instead of one scalar store per element. */
+ATTR static inline void FN(transpose_block)(float *restrict dst, int64_t ldd, const float *const *rows, int nv,
+                                            int ns) {
+#if ISA_LEVEL == 2
+    __m512 r[16], t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = i < nv ? _mm512_loadu_ps(rows[i]) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    const __mmask16 mk = (__mmask16)((1u << ns) - 1u);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* a 4 x 4 transpose of 128-bit lanes */
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        _mm512_mask_storeu_ps(dst + (0 + c) * ldd, mk, _mm512_shuffle_f32x4(v0, v2, 0x88));
+        _mm512_mask_storeu_ps(dst + (4 + c) * ldd, mk, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+        _mm512_mask_storeu_ps(dst + (8 + c) * ldd, mk, _mm512_shuffle_f32x4(v1, v3, 0x88));
+        _mm512_mask_storeu_ps(dst + (12 + c) * ldd, mk, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+    }
+#else
+    __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = i < nv ? _mm256_loadu_ps(rows[i]) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        const __m256d a0 = _mm256_castps_pd(t[4 * i]), a1 = _mm256_castps_pd(t[4 * i + 1]);
+        const __m256d a2 = _mm256_castps_pd(t[4 * i + 2]), a3 = _mm256_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
+        u[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
+        u[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
+        u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
+    }
+    const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(ns), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm256_maskstore_ps(dst + c * ldd, mk, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+        _mm256_maskstore_ps(dst + (4 + c) * ldd, mk, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
+#endif
+}
+#endif
+
 ATTR static void FN(pack_a)(float *restrict dst, const char *a, int at, int64_t snm, int64_t snk,
                             int64_t m0, int64_t mn, int64_t k0, int64_t kc) {
     /* panel of NR columns m0..m0+NR (zero past mn) */
     if (at == CSIMD_F32 && snk == 4) {
+        int64_t kv = 0;
+#if ISA_LEVEL >= 1
+        /* VL k at a time: NR / VL transposed blocks of VL rows */
+        for (; kv + VL <= kc; kv += VL)
+            for (int64_t j0 = 0; j0 < NR; j0 += VL) {
+                const float *rows[VL];
+                const int nv = mn - j0 < 0 ? 0 : mn - j0 > VL ? VL : (int)(mn - j0);
+                for (int i = 0; i < nv; i++) rows[i] = (const float *)(a + (m0 + j0 + i) * snm + (k0 + kv) * snk);
+                FN(transpose_block)(dst + kv * NR + j0, NR, rows, nv, VL);
+            }
+#endif
         /* blocks of 16 k: the 16 destination rows stay in L1 while the NR sources stream */
-        for (int64_t kb = 0; kb < kc; kb += 16) {
+        for (int64_t kb = kv; kb < kc; kb += 16) {
             const int64_t ke = kc - kb < 16 ? kc - kb : 16;
             for (int64_t j = 0; j < NR; j++) {
                 if (j < mn) {
@@ -700,6 +775,21 @@ ATTR static void FN(pack_b)(float *restrict dst, const char *b, int bt, int64_t 
         }
         return;
     }
+#if ISA_LEVEL >= 1
+    if (bt == CSIMD_F32 && snk == 4 && MR <= VL) {
+        /* VL k at a time: one transposed block of the sliver's MR rows, then the scalar tail */
+        int64_t kv = 0;
+        const float *rows[VL];
+        for (int64_t i = 0; i < nn; i++) rows[i] = (const float *)(b + (n0 + i) * snn + k0 * snk);
+        for (; kv + VL <= kc; kv += VL) {
+            FN(transpose_block)(dst + kv * MR, MR, rows, (int)nn, MR);
+            for (int64_t i = 0; i < nn; i++) rows[i] += VL;
+        }
+        for (int64_t i = 0; i < MR; i++)
+            for (int64_t k = kv; k < kc; k++) dst[k * MR + i] = i < nn ? rows[i][k - kv] : 0.0f;
+        return;
+    }
+#endif
     for (int64_t i = 0; i < MR; i++) {
         if (i < nn) {
             const char *row = b + (n0 + i) * snn + k0 * snk;
