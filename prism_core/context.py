@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BoundExceeded, InvalidArgument, ShapeMismatch
-from .tensor import Tensor, check_name, check_ne, contiguous_strides, nbytes_of
+from .tensor import Tensor, as_array, check_name, check_ne, contiguous_strides, nbytes_of
 from .types import GGMLType, as_type, from_numpy_dtype, traits
 
 TENSOR_OVERHEAD = 368  # bytes of metadata per tensor in ggml's arena (ggml_tensor_overhead)
@@ -124,7 +124,7 @@ class Context:
     def from_numpy(self, array: Any, type: GGMLType | int | str | None = None, name: str = "") -> Tensor:
         """A new tensor holding ``array`` (NumPy order, at most 4 dims); the type is
         taken from the array's dtype unless given (float64 arrays become F32 by default)."""
-        arr = np.asarray(array)
+        arr = as_array(array, "from_numpy")
         if arr.ndim > 4:
             raise BoundExceeded(f"from_numpy: array has {arr.ndim} dims; Prism tensors have at most 4")
         if type is None:

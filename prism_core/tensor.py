@@ -95,6 +95,15 @@ def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
     return full  # type: ignore[return-value]
 
 
+def as_array(values: Any, who: str) -> np.ndarray:
+    """``np.asarray(values)``, with what NumPy cannot make an array of (ragged nested lists,
+    objects) refused as an InvalidArgument naming ``who``."""
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(f"{who}: values must form a rectangular numeric array: {e}") from None
+
+
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"tensor name must be str, got {type(name).__name__}")
@@ -343,6 +352,10 @@ class Tensor:
         """A copy of the values in NumPy order with :attr:`shape`. BF16 values come back
         as float32 (NumPy has no bfloat16); block types (Q4_K, ...) as their dequantized
         float32 values; other plain types in their own dtype."""
+        copy_bytes = self.nelements * (4 if self.traits.is_quantized or self.type == BF16 else self.traits.type_size)
+        if copy_bytes > self.ctx.mem_size:  # a stride-0 view of a few bytes can stand for a huge array
+            raise BoundExceeded(f"numpy: the copy of {self.label} needs {copy_bytes} bytes, more than its "
+                                f"context's budget of {self.ctx.mem_size}; copy a smaller view of it")
         if self.traits.is_quantized:
             return to_f32(self.raw(), self.type).reshape(self.shape)
         h = self.host()
@@ -354,7 +367,7 @@ class Tensor:
         4-dim shape, or a scalar) into this tensor's memory, converting to its type (block
         types: quantized row by row with ggml's reference quantizer)."""
         self.check_writable("set")
-        arr = np.asarray(values)
+        arr = as_array(values, "set")
         full = tuple(reversed(self.ne))
         if arr.shape not in (self.shape, full, ()):
             raise ShapeMismatch(f"set: {self.label} has shape {self.shape} (NumPy order), "

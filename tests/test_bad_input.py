@@ -691,6 +691,9 @@ HARDENING: list[tuple[str, Setup, type[Exception], str]] = [
     ("conv_2d-empty-input", _two_args(empty(1, 1, 1, 1), empty(0, 3, 1, 1),
                                       lambda a, b: pc.conv_2d(a, b, 2**31 - 1, 2, 0, 0, 2, 1)), ShapeMismatch,
      r"CONV_2D: the input is empty along dim 0"),
+    ("pool_2d-padding-beyond-input", _one_arg(empty(4, 4), lambda a: pc.pool_2d(a, "MAX", 2**31 - 1, 1, 2**31 - 1, 1,
+                                                                               2**30, 0)), InvalidArgument,
+     r"POOL_2D: padding 1073741824 along dim 0 is larger than the input's 4 elements"),
     # zero extents the op cannot define
     ("cross_entropy-no-classes", _two_args(empty(0, 3), empty(0, 3), pc.cross_entropy_loss), ShapeMismatch,
      r"CROSS_ENTROPY_LOSS: a has no elements \(ne=\[0, 3, 1, 1\]\)"),
@@ -824,3 +827,22 @@ def test_flash_attention_with_no_keys_gives_zeros(ctx, backend, with_sinks):
     y = pc.flash_attn_ext(q, k, v, sinks=sinks)
     pc.compute(y, backend)
     assert y.numpy().shape == (2, 1, 6) and not y.numpy().any()
+
+
+@pytest.mark.parametrize("values", [[[1, 2], [3]], [[1.0, 2.0, 3.0], [1.0, [2.0], 3.0]]], ids=["ragged", "nested"])
+def test_ragged_values_are_refused(ctx, graph, values):
+    with refused(InvalidArgument, r"from_numpy: values must form a rectangular numeric array", ctx, graph):
+        ctx.from_numpy(values)
+    t = f32(ctx, 2, 3)
+    with refused(InvalidArgument, r"set: values must form a rectangular numeric array", ctx, graph):
+        t.set(values)
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_numpy_of_a_huge_stride_0_view_is_refused_before_allocating():
+    big = pc.Context(mem_size=2**40)
+    v = pc.view_4d(big.new_tensor("f32", (1,)), 1, 2**20, 2**20, 2**10, 0, 0, 0)  # 4 bytes seen 2**50 times
+    with pytest.raises(BoundExceeded, match=r"numpy: the copy of .* needs 4503599627370496 bytes, more than its "
+                                            r"context's budget of 1099511627776"):
+        v.numpy()
+    assert pc.view_2d(big.new_tensor("f32", (4,)), 4, 3, 0).numpy().shape == (3, 4)

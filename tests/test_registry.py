@@ -490,6 +490,17 @@ def test_a_third_party_numpy_backend_is_refused_whatever_the_order(plugins, monk
     assert pc.backend().name == "numpy"  # priority 1000 did not make it the default either
 
 
+def test_prism_info_lists_the_impostor_as_broken(plugins, capsys):
+    from prism_core.cli import main as cli
+    plugins.add("prism_test_impostor_info", IMPOSTOR.format(name="numpy", ref=True), entry="numpy")
+    assert cli(["info"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("numpy ") and "priority=" in ln]
+    assert "[reference," in line and line.rstrip().endswith("from numpy (prism_numpy)")
+    assert ("broken plugins (1), skipped:\n  numpy (prism_test_impostor_info): backend name 'numpy' is reserved "
+            "for the reference backend shipped with prism-tensor; refused") in out
+
+
 def test_a_third_party_claiming_to_be_the_reference_is_refused(plugins):
     plugins.add("prism_test_claims_ref", IMPOSTOR.format(name="truth", ref=True))
     (broken,) = plugins.broken("prism_test_claims_ref")

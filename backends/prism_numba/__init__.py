@@ -29,7 +29,9 @@ from prism_core import Tensor
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
-from . import kernels_ext  # noqa: F401 - registers the RoPE, attention and convolution wrappers
+# kernels_ext registers the RoPE, attention and convolution wrappers; kernels_quant then the block-type
+# cases (re-registering MUL_MAT, GET_ROWS, CPY, ... with block types added to the float wrappers)
+from . import kernels_ext, kernels_quant  # noqa: F401
 from .kernels import KERNELS, TABLE, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
@@ -67,6 +69,7 @@ class NumbaBackend(prism_core.Backend):
     version = f"{prism_core.__version__}+numba{_numba_version()}"
     priority = 50
     kernels = KERNELS
+    block_types = kernels_quant.BLOCK_TYPES  # every block type the table holds (kernels_quant.py)
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -103,13 +106,16 @@ class NumbaBackend(prism_core.Backend):
 
     def refusal(self, node: Tensor) -> str:
         """Why numba does not compute ``node`` ("" when it does); supports() derives from it."""
-        refused = TABLE.refusal(node)
+        refused = TABLE.refusal(node) or self._block_type_refusal(node)
         if refused:
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]
         for t in tensors:
             if t.nelements <= 0:
                 return f"an empty tensor ({t.label})"
+            refused = kernels_quant.dense_rows_refusal(t)
+            if refused:
+                return refused
             if not t.is_element_aligned():
                 return f"{t.label}: offset or strides not multiples of its element size"
         # The kernels read and write element by element: a source may share the result's

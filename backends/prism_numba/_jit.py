@@ -843,8 +843,10 @@ KERNELS = {name: Kernel(f, c_layout=name in C_LAYOUT) for name, f in (
 def _register_ext() -> None:
     from ._jit_ext import KERNELS as ext
     from ._jit_fast import KERNELS as fast
+    from ._jit_quant import KERNELS as quant
     KERNELS.update({name: Kernel(f) for name, f in ext.items()})
     KERNELS.update({name: Kernel(f, c_layout=True) for name, f in fast.items()})
+    KERNELS.update({name: Kernel(f, c_layout=True) for name, f in quant.items()})
 
 
 _register_ext()

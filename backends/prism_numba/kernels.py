@@ -361,30 +361,45 @@ def _cross_entropy_loss_back(n: Tensor) -> None:
 
 
 # ------------------------------------------------------------------ matrices and indexing
-@kernel((FLOATS, ONLY_F32), ONLY_F32, "MUL_MAT")
+def f32_operand(t: Tensor) -> np.ndarray:
+    """t's host view as float32: F32 as is; F16/BF16 converted (exactly) into a new buffer by the
+    compiled copy kernel (a prepared call keeps the buffer and refills it on every compute)."""
+    if t.type == F32:
+        return t.host()
+    out = np.empty(tuple(reversed(t.ne)), np.float32)
+    _run("cpy", arr(t), lut(t), out, 1, 0, 1)
+    return out
+
+
+@kernel((FLOATS, FLOATS), ONLY_F32, "MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
     a = n.src[0]
-    _run("mul_mat", arr(a), lut(a), arr(n.src[1]), arr(n))
+    _run("mul_mat", arr(a), lut(a), f32_operand(n.src[1]), arr(n))
 
 
-@kernel((FLOATS, ONLY_F32), ONLY_F32, "OUT_PROD")
+@kernel((FLOATS, FLOATS), ONLY_F32, "OUT_PROD")
 def _out_prod(n: Tensor) -> None:
     a = n.src[0]
-    b = n.src[1]
+    out_prod_arrays(n, arr(a), lut(a))
+
+
+def out_prod_arrays(n: Tensor, a: np.ndarray, la: np.ndarray) -> None:
+    """OUT_PROD of node n with its first source given as the host array ``a`` (F16/BF16 bits
+    with lookup table ``la``, or float32 values)."""
     _jit()  # imports _jit_fast after it (importing _jit_fast first would be circular)
     from ._jit_fast import TILE_M, TILE_N
     # out[j, i] = sum_t a[t, i] b[t, j] (NumPy order) is MUL_MAT of the transposed operands:
     # the same cache-blocked, register-tiled kernel. An operand that the kernel would pack
     # for several tiles (a for each TILE_N rows of the result, b for each TILE_M columns) is
     # first copied row-major, once: cheaper than packing its transposed panels every time.
-    _run("mul_mat", _transposed(a, n.ne[1] > TILE_N), lut(a), _transposed(b, n.ne[0] > TILE_M), arr(n))
+    _run("mul_mat", _transposed(a, n.ne[1] > TILE_N), la, _transposed(f32_operand(n.src[1]), n.ne[0] > TILE_M),
+         arr(n))
 
 
-def _transposed(t: Tensor, copy: bool) -> np.ndarray:
-    """t's host view with its two inner axes swapped; with ``copy``, as a C-contiguous array:
+def _transposed(h: np.ndarray, copy: bool) -> np.ndarray:
+    """Host array h with its two inner axes swapped; with ``copy``, as a C-contiguous array:
     a new one filled by the compiled transpose kernel (a prepared call keeps the array it
     was recorded with and refills it on every compute)."""
-    h = arr(t)
     v = h.swapaxes(2, 3)
     if not copy or v.flags.c_contiguous:
         return v

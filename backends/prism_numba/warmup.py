@@ -5,7 +5,8 @@ for them.
 It computes two small graphs on the numba backend, strictly (no fallbacks): an MLP training
 step (MUL_MAT, ADD, RELU, CROSS_ENTROPY_LOSS and their gradients, OPT_STEP_ADAMW) and a
 transformer block (GET_ROWS, RMS_NORM, ROPE, FLASH_ATTN_EXT, SOFT_MAX with an F16 mask,
-SWIGLU, MUL, SCALE, CONT of a permuted view, F16 weights), each kernel both as its serial
+SWIGLU, MUL, SCALE, CONT of a permuted view, F16 weights) and a quantized model's hot nodes (GET_ROWS
+and MUL_MAT from block types: the compiled decoders), each kernel both as its serial
 compilation (small nodes) and its thread-pool compilation (larger nodes). Kernels are compiled
 per argument type signature, so graphs with other element types or layouts may still compile
 on first use.
@@ -63,6 +64,20 @@ def _block(rng: np.random.Generator) -> pc.Graph:
     return pc.Graph().expand(ff).expand(pc.sum(kq))
 
 
+def _quantized(rng: np.random.Generator) -> pc.Graph:
+    """A quantized model's hot nodes: GET_ROWS from Q8_0 embeddings, MUL_MAT of a Q4_K weight (one
+    activation row: decode; five: prompt) and of a Q6_K one. The block format is an argument of the
+    compiled kernels, so these compilations serve every format."""
+    ctx = pc.Context()
+    d, vocab = 256, 8
+    emb = ctx.from_numpy(rng.standard_normal((vocab, d)).astype(np.float32), type=pc.GGMLType.Q8_0)
+    w = ctx.from_numpy(rng.standard_normal((16, d)).astype(np.float32), type=pc.GGMLType.Q4_K)
+    head = ctx.from_numpy(rng.standard_normal((vocab, d)).astype(np.float32), type=pc.GGMLType.Q6_K)
+    h = pc.get_rows(emb, ctx.from_numpy(np.arange(5, dtype=np.int32)))  # [d, 5]
+    one = pc.view_2d(h, d, 1, h.nb[1], 0)
+    return pc.Graph().expand(pc.mul_mat(w, h)).expand(pc.mul_mat(head, one))
+
+
 def warm_up() -> dict[str, float]:
     """Compile or load the common kernels; returns ``{"seconds": ..., "kernels": ...}`` (the
     wall time and the number of compiled kernel signatures now held)."""
@@ -71,7 +86,7 @@ def warm_up() -> dict[str, float]:
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
     be = pc.backend("numba")
-    for g in (_mlp_step(rng), _block(rng)):
+    for g in (_mlp_step(rng), _block(rng), _quantized(rng)):
         pc.compute(g, be, strict=True)  # small nodes: the serial compilations
         be._apply_threads()
         for n in g.nodes:  # and the thread-pool compilations that larger nodes of these kinds use

@@ -29,16 +29,12 @@ in this process by the caller (see :func:`in_process_only`).
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
-import importlib
 import importlib.util
 import os
 import pickle
 import re
-import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -49,10 +45,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .channel import POLL, Closed, Late, Reader, Stopped, send
 from .runner import CRASHED, DEFAULT_TIMEOUT, NOT_RUN, TIMEOUT, CaseResult, case_detail
 
 STARTUP_TIMEOUT = 120.0  # seconds for a worker to import Prism and the backend (a loaded machine is slow)
-_POLL = 0.25  # seconds between checks for a stop request while waiting on a worker
 
 
 @dataclass(frozen=True)
@@ -115,67 +111,6 @@ def in_process_only(names: list[str]) -> list[str]:
     return [n for n in names if REGISTRY.info(n).plugin in stuck]
 
 
-# ------------------------------------------------------------------ framing on the pipes
-_HEAD = struct.Struct("<Q")
-
-
-def _send(fd: int, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEAD.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-class _Eof(Exception):
-    pass
-
-
-class _Late(Exception):
-    pass
-
-
-class _Stopped(Exception):
-    pass
-
-
-class _Reader:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = bytearray()
-
-    def _frame(self) -> tuple[bool, Any]:
-        if len(self.buf) < _HEAD.size:
-            return False, None
-        (n,) = _HEAD.unpack_from(self.buf)
-        if len(self.buf) < _HEAD.size + n:
-            return False, None
-        data = bytes(self.buf[_HEAD.size:_HEAD.size + n])
-        del self.buf[:_HEAD.size + n]
-        return True, pickle.loads(data)
-
-    def get(self, deadline: float | None = None, stop: threading.Event | None = None) -> Any:
-        """The next message; _Late after ``deadline`` (monotonic), _Stopped when ``stop`` is set,
-        _Eof when the other end closed."""
-        while True:
-            ok, msg = self._frame()
-            if ok:
-                return msg
-            if stop is not None and stop.is_set():
-                raise _Stopped
-            wait = _POLL if stop is not None or deadline is not None else None
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise _Late
-                wait = min(wait, left)
-            ready, _, _ = select.select([self.fd], [], [], wait)
-            if ready:
-                chunk = os.read(self.fd, 1 << 16)
-                if not chunk:
-                    raise _Eof
-                self.buf += chunk
-
-
 # ------------------------------------------------------------------ the parent's side of one worker
 def _signal_name(n: int) -> str:
     try:
@@ -204,17 +139,17 @@ class Worker:
         self.timeout = timeout
         self.stderr = tempfile.TemporaryFile()
         code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                f"from prism_core.conformance.workers import serve; serve({os.getpid()})")
+                f"from prism_core.conformance.worker_main import serve; serve({os.getpid()})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, start_new_session=True, close_fds=True)
-        self.reader = _Reader(self.proc.stdout.fileno())
+        self.reader = Reader(self.proc.stdout.fileno())
         self.ready = False
-        self._send(("init", {"backend": backend, "suite": asdict(suite), "timeout": timeout,
+        self.send(("init", {"backend": backend, "suite": asdict(suite), "timeout": timeout,
                              "plugins": _carried_plugins()}))
 
-    def _send(self, msg: Any) -> bool:
+    def send(self, msg: Any) -> bool:
         try:
-            _send(self.proc.stdin.fileno(), msg)
+            send(self.proc.stdin.fileno(), msg)
             return True
         except (OSError, ValueError):  # the worker is gone (or closed); its exit status tells why
             return False
@@ -226,12 +161,12 @@ class Worker:
             limit = deadline if limit is None else min(limit, deadline)
         try:
             msg = self.reader.get(limit, stop)
-        except _Eof:
+        except Closed:
             return self.death()
-        except _Late:
+        except Late:
             self.kill()
             return "it did not start in time"
-        except _Stopped:
+        except Stopped:
             self.kill()
             return "stopped"
         if msg[0] == "error":
@@ -250,16 +185,16 @@ class Worker:
         those the backend claims). Returns ("ok", ""), or (what, why) with what in crashed,
         timeout, budget, stopped: the case after the last recorded one did not finish and the
         worker is gone."""
-        if not self._send(("run", indices, skip)):
+        if not self.send(("run", indices, skip)):
             return "crashed", self.death()
         while True:
             limit = None if not self.timeout else time.monotonic() + self.timeout
             by_budget = deadline is not None and (limit is None or deadline < limit)
             try:
                 msg = self.reader.get(deadline if by_budget else limit, stop)
-            except _Eof:
+            except Closed:
                 return "crashed", self.death()
-            except _Late:
+            except Late:
                 if self.proc.poll() is None:
                     self.proc.kill()
                     self.proc.wait()
@@ -267,7 +202,7 @@ class Worker:
                 self.close()
                 return ("budget", "") if by_budget else ("timeout", f"did not finish within {self.timeout:g} s"
                                                                     f"{'; it hung' + where if where else ''}")
-            except _Stopped:
+            except Stopped:
                 self.kill()
                 return "stopped", ""
             if msg[0] == "done":
@@ -310,7 +245,7 @@ class Worker:
     def close(self) -> None:
         """Ask the worker to end (kill it if it does not) and release its pipes."""
         if self.proc.poll() is None:
-            self._send(("stop",))
+            self.send(("stop",))
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -465,7 +400,7 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
             finished.set()
 
     # Each worker is started and ended by the same thread (a worker dies with the thread
-    # that started it: see serve()). The main thread waits on events, not Thread.join: a
+    # that started it: see worker_main). The main thread waits on events, not Thread.join: a
     # Ctrl-C inside join marks a running thread as finished on Python 3.11.
     finished = [threading.Event() for _ in range(max(1, min(jobs, len(work))))]
     for k, done in enumerate(finished):
@@ -473,7 +408,7 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
     interrupted = False
     try:
         for done in finished:
-            while not done.wait(_POLL):
+            while not done.wait(POLL):
                 pass
     except KeyboardInterrupt:
         interrupted = True
@@ -515,68 +450,3 @@ class SessionRunner:
         for run in self._runs.values():
             run.close()
         self._runs.clear()
-
-
-# ------------------------------------------------------------------ the worker's side
-def _die_with_parent(parent: int) -> None:
-    """Linux: the kernel kills this worker when the thread that started it ends, so no worker
-    outlives its run, even one stuck in native code."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-def serve(parent: int) -> None:
-    """The worker's main loop (started by :class:`Worker`)."""
-    _die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
-    chan = os.dup(1)
-    os.dup2(2, 1)  # whatever a kernel prints goes to the log, not into the result channel
-    faulthandler.enable()
-    reader = _Reader(0)
-    try:
-        _, init = reader.get()
-    except _Eof:
-        return
-    try:
-        from ..registry import REGISTRY
-        for label, kind, payload in init["plugins"]:
-            plugin = importlib.import_module(payload) if kind == "module" else pickle.loads(payload)
-            REGISTRY.register(plugin, label)
-        backend = REGISTRY.get(init["backend"])
-        reference = REGISTRY.reference()
-        suite = Suite(**{**init["suite"], "ops": tuple(init["suite"]["ops"]) if init["suite"]["ops"] else None})
-        cases = suite.cases()
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which reports it per case
-        _send(chan, ("error", f"{type(e).__name__}: {e}"))
-        return
-    from .runner import _grad_case, refusal, run_case
-    if suite.mode == "grad":
-        def one(c: Any) -> CaseResult:
-            return _grad_case(c, backend, None)
-    else:
-        def one(c: Any) -> CaseResult:
-            return run_case(c, backend, reference, timeout=None)
-    _send(chan, ("ready", fingerprint(cases)))
-    timeout = init["timeout"]
-    while True:
-        try:
-            msg = reader.get()
-        except _Eof:
-            return
-        if msg[0] == "stop":
-            return
-        if timeout:  # where a hang is: dumped more often than the timeout, so before the parent kills this worker
-            faulthandler.dump_traceback_later(max(timeout - 1.0, timeout / 2), repeat=True)
-        skip = msg[2]
-        for i in msg[1]:
-            c = cases[i]
-            r = (refusal(c, backend) or CaseResult(c, backend.name, *skip[c.key])) if c.key in skip else one(c)
-            _send(chan, ("result", i, {"status": r.status, "message": r.message, "err": r.err, "bound": r.bound,
-                                       "worst": r.worst, "detail": r.detail}))
-        faulthandler.cancel_dump_traceback_later()
-        _send(chan, ("done",))

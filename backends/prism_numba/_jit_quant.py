@@ -1,0 +1,391 @@
+"""Compiled kernels of the block (quantized) types: decoders of ggml's block layouts, and the
+products, gathers and copies built on them (this module imports numba).
+
+A block-type tensor reaches these kernels as its ``raw()`` view, uint8 of shape
+(ne3, ne2, ne1, row bytes). ``decode_row`` turns one row of blocks into float32 values with the
+arithmetic of ggml's ``dequantize_row_*`` (and gguf.quants): every product and difference in
+float32, in the same order, so its output is bit for bit theirs; it is compiled without fast-math
+flags for that reason, and called (not inlined) by the kernels, once per weight row.
+
+The products take the *float path*: a tile of weight rows is decoded once into a float32 buffer
+that stays in the L1/L2 cache, then dotted with every activation row that needs it (eight weight
+rows share each load of the activation row; float32 sums, reassociated so that they vectorise).
+README.md says why this beats quantizing the activations to int8 here.
+
+Format codes are ggml's type ids. The IQ1/IQ2/IQ3 formats have no decoder here (their lattice
+grids are not ported to this backend): the wrappers dequantize them with prism_core.quant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
+_DOT_OPTS = dict(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
+
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 2, 3, 6, 7, 8, 9
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
+IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4 = 20, 23, 34, 35, 39
+#: the formats decode_row knows (ggml type ids)
+DECODED = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+                     IQ4_NL, IQ4_XS, TQ1_0, TQ2_0, MXFP4})
+
+# Data tables from ggml (ggml-common.h): the IQ4_NL and MXFP4 code books.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+# MXFP4's E8M0 scale halved (ggml's GGML_E8M0_TO_FP32_HALF): 2**(e - 128) for every byte e,
+# exact in float32 (the two smallest are subnormal)
+E8M0_HALF = np.ldexp(np.float32(1.0), np.arange(256) - 128).astype(np.float32)
+F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+POW3 = np.array([1, 3, 9, 27, 81, 243], np.int64)
+
+
+@njit(inline="always", **_OPTS)
+def _f16(r, o):
+    """The float32 value of the little-endian fp16 at byte o of r."""
+    return F16_LUT[np.int64(r[o]) | (np.int64(r[o + 1]) << 8)]
+
+
+@njit(inline="always", **_OPTS)
+def _u32(r, o):
+    return np.int64(r[o]) | (np.int64(r[o + 1]) << 8) | (np.int64(r[o + 2]) << 16) | (np.int64(r[o + 3]) << 24)
+
+
+@njit(inline="always", **_OPTS)
+def _i8(v):
+    """A byte read as int8 (branch-free, so that the loops around it vectorise)."""
+    return (np.int64(v) ^ 128) - 128
+
+
+@njit(inline="always", **_OPTS)
+def _k4_scale_min(r, s, j):
+    """Q4_K/Q5_K: the 6-bit scale and min of sub-block j from the 12 scale bytes at s."""
+    if j < 4:
+        return np.int64(r[s + j]) & 63, np.int64(r[s + j + 4]) & 63
+    hi = np.int64(r[s + j + 4])
+    return (hi & 0xF) | ((np.int64(r[s + j - 4]) >> 6) << 4), (hi >> 4) | ((np.int64(r[s + j]) >> 6) << 4)
+
+
+@njit(inline="always", **_OPTS)
+def _q3_scale(r, s, i):
+    """Q3_K: sub-block i's 6-bit scale (low 4 bits from bytes 0..7, high 2 bits from bytes 8..11)."""
+    k = i % 4
+    hi2 = (np.int64(r[s + 8 + k]) >> (2 * (i // 4))) & 3
+    lo = np.int64(r[s + (i % 8)])
+    lo4 = (lo & 0xF) if i < 8 else (lo >> 4)
+    return (lo4 | (hi2 << 4)) - 32
+
+
+@njit(**_OPTS)
+def decode_row(fmt, r, y):
+    """y[:] = the float32 values of the blocks in byte row r (ggml's dequantize_row_* order)."""
+    n = y.shape[0]
+    if fmt == Q8_0 or fmt == Q8_1:
+        bs = 34 if fmt == Q8_0 else 36
+        q0 = 2 if fmt == Q8_0 else 4
+        for ib in range(n // 32):
+            o = ib * bs
+            d = _f16(r, o)
+            for j in range(32):
+                y[ib * 32 + j] = np.float32(_i8(r[o + q0 + j])) * d
+    elif fmt == Q4_0:
+        for ib in range(n // 32):
+            o = ib * 18
+            d = _f16(r, o)
+            for j in range(16):
+                v = np.int64(r[o + 2 + j])
+                y[ib * 32 + j] = np.float32((v & 0xF) - 8) * d
+                y[ib * 32 + j + 16] = np.float32((v >> 4) - 8) * d
+    elif fmt == IQ4_NL:
+        for ib in range(n // 32):
+            o = ib * 18
+            d = _f16(r, o)
+            for j in range(16):
+                v = np.int64(r[o + 2 + j])
+                y[ib * 32 + j] = d * KVALUES_IQ4NL[v & 0xF]
+                y[ib * 32 + j + 16] = d * KVALUES_IQ4NL[v >> 4]
+    elif fmt == Q4_1:
+        for ib in range(n // 32):
+            o = ib * 20
+            d = _f16(r, o)
+            m = _f16(r, o + 2)
+            for j in range(16):
+                v = np.int64(r[o + 4 + j])
+                y[ib * 32 + j] = np.float32(v & 0xF) * d + m
+                y[ib * 32 + j + 16] = np.float32(v >> 4) * d + m
+    elif fmt == Q5_0 or fmt == Q5_1:
+        bs = 22 if fmt == Q5_0 else 24
+        h0 = 2 if fmt == Q5_0 else 4
+        for ib in range(n // 32):
+            o = ib * bs
+            d = _f16(r, o)
+            m = _f16(r, o + 2) if fmt == Q5_1 else np.float32(0.0)
+            qh = _u32(r, o + h0)
+            for j in range(16):
+                v = np.int64(r[o + h0 + 4 + j])
+                x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
+                x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
+                if fmt == Q5_0:
+                    y[ib * 32 + j] = np.float32(x0 - 16) * d
+                    y[ib * 32 + j + 16] = np.float32(x1 - 16) * d
+                else:
+                    y[ib * 32 + j] = np.float32(x0) * d + m
+                    y[ib * 32 + j + 16] = np.float32(x1) * d + m
+    elif fmt == MXFP4:
+        for ib in range(n // 32):
+            o = ib * 17
+            d = E8M0_HALF[r[o]]
+            for j in range(16):
+                v = np.int64(r[o + 1 + j])
+                y[ib * 32 + j] = KVALUES_MXFP4[v & 0xF] * d
+                y[ib * 32 + j + 16] = KVALUES_MXFP4[v >> 4] * d
+    elif fmt == Q8_K:
+        for ib in range(n // 256):
+            o = ib * 292
+            d = np.array([r[o], r[o + 1], r[o + 2], r[o + 3]], np.uint8).view(np.float32)[0]
+            for j in range(256):
+                y[ib * 256 + j] = d * np.float32(_i8(r[o + 4 + j]))
+    elif fmt == Q2_K:
+        for ib in range(n // 256):
+            o = ib * 84
+            d = _f16(r, o + 80)
+            dmin = _f16(r, o + 82)
+            yo = ib * 256
+            for half in range(2):
+                q = o + 16 + 32 * half
+                for j in range(4):
+                    for g in range(2):
+                        sc = np.int64(r[o + half * 8 + j * 2 + g])
+                        dl = d * np.float32(sc & 0xF)
+                        ml = dmin * np.float32(sc >> 4)
+                        for lo in range(16):
+                            y[yo] = dl * np.float32((np.int64(r[q + g * 16 + lo]) >> (2 * j)) & 3) - ml
+                            yo += 1
+    elif fmt == Q3_K:
+        for ib in range(n // 256):
+            o = ib * 110
+            d = _f16(r, o + 108)
+            yo = ib * 256
+            for half in range(2):
+                q = o + 32 + 32 * half
+                for j in range(4):
+                    bit = 1 << (half * 4 + j)
+                    for g in range(2):
+                        dl = d * np.float32(_q3_scale(r, o + 96, half * 8 + j * 2 + g))
+                        for lo in range(16):
+                            lq = g * 16 + lo
+                            qv = (np.int64(r[q + lq]) >> (2 * j)) & 3
+                            if not (np.int64(r[o + lq]) & bit):
+                                qv -= 4
+                            y[yo] = dl * np.float32(qv)
+                            yo += 1
+    elif fmt == Q4_K or fmt == Q5_K:
+        bs = 144 if fmt == Q4_K else 176
+        qs0 = 16 if fmt == Q4_K else 48
+        for ib in range(n // 256):
+            o = ib * bs
+            d = _f16(r, o)
+            dmin = _f16(r, o + 2)
+            for j in range(4):
+                sc1, m1 = _k4_scale_min(r, o + 4, 2 * j)
+                sc2, m2 = _k4_scale_min(r, o + 4, 2 * j + 1)
+                d1 = d * np.float32(sc1)
+                mm1 = dmin * np.float32(m1)
+                d2 = d * np.float32(sc2)
+                mm2 = dmin * np.float32(m2)
+                yo = ib * 256 + j * 64
+                q = o + qs0 + 32 * j
+                for lo in range(32):
+                    v = np.int64(r[q + lo])
+                    lo4 = v & 0xF
+                    hi4 = v >> 4
+                    if fmt == Q5_K:
+                        h = np.int64(r[o + 16 + lo])
+                        lo4 += 16 if h & (1 << (2 * j)) else 0
+                        hi4 += 16 if h & (2 << (2 * j)) else 0
+                    y[yo + lo] = d1 * np.float32(lo4) - mm1
+                    y[yo + 32 + lo] = d2 * np.float32(hi4) - mm2
+    elif fmt == Q6_K:
+        for ib in range(n // 256):
+            o = ib * 210
+            d = _f16(r, o + 208)
+            for half in range(2):
+                ql = o + 64 * half
+                qh = o + 128 + 32 * half
+                sc = o + 192 + 8 * half
+                for s in range(2):  # 16 positions share each of the four scales
+                    d0 = d * np.float32(_i8(r[sc + s]))
+                    d1 = d * np.float32(_i8(r[sc + s + 2]))
+                    d2 = d * np.float32(_i8(r[sc + s + 4]))
+                    d3 = d * np.float32(_i8(r[sc + s + 6]))
+                    yo = ib * 256 + 128 * half + 16 * s
+                    for lo in range(16 * s, 16 * s + 16):
+                        a = np.int64(r[ql + lo])
+                        b = np.int64(r[ql + lo + 32])
+                        h = np.int64(r[qh + lo])
+                        y[yo - 16 * s + lo] = d0 * np.float32(((a & 0xF) | ((h & 3) << 4)) - 32)
+                        y[yo - 16 * s + lo + 32] = d1 * np.float32(((b & 0xF) | (((h >> 2) & 3) << 4)) - 32)
+                        y[yo - 16 * s + lo + 64] = d2 * np.float32(((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                        y[yo - 16 * s + lo + 96] = d3 * np.float32(((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
+    elif fmt == IQ4_XS:
+        for ib in range(n // 256):
+            o = ib * 136
+            d = _f16(r, o)
+            sh = np.int64(r[o + 2]) | (np.int64(r[o + 3]) << 8)
+            for s in range(8):
+                ls = ((np.int64(r[o + 4 + s // 2]) >> (4 * (s % 2))) & 0xF) | (((sh >> (2 * s)) & 3) << 4)
+                dl = d * np.float32(ls - 32)
+                q = o + 8 + 16 * s
+                yo = ib * 256 + 32 * s
+                for j in range(16):
+                    v = np.int64(r[q + j])
+                    y[yo + j] = dl * KVALUES_IQ4NL[v & 0xF]
+                    y[yo + j + 16] = dl * KVALUES_IQ4NL[v >> 4]
+    elif fmt == TQ2_0:
+        for ib in range(n // 256):
+            o = ib * 66
+            d = _f16(r, o + 64)
+            yo = ib * 256
+            for j in range(0, 64, 32):
+                for lsh in range(4):
+                    for m in range(32):
+                        y[yo] = np.float32(((np.int64(r[o + j + m]) >> (2 * lsh)) & 3) - 1) * d
+                        yo += 1
+    elif fmt == TQ1_0:
+        for ib in range(n // 256):
+            o = ib * 54
+            d = _f16(r, o + 52)
+            yo = ib * 256
+            for p in range(5):  # qs[0:32]: five base-3 digits per byte
+                for m in range(32):
+                    q = (np.int64(r[o + m]) * POW3[p]) & 0xFF
+                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
+                    yo += 1
+            for p in range(5):  # qs[32:48]
+                for m in range(16):
+                    q = (np.int64(r[o + 32 + m]) * POW3[p]) & 0xFF
+                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
+                    yo += 1
+            for p in range(4):  # qh[0:4]: four digits per byte
+                for m in range(4):
+                    q = (np.int64(r[o + 48 + m]) * POW3[p]) & 0xFF
+                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
+                    yo += 1
+
+
+@njit(parallel=True, **_OPTS)
+def q_dequant(fmt, a, o):
+    """o[i3, i2, i1, :] = the values of block row a[i3, i2, i1] (same row counts)."""
+    n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
+    for t in prange(n3 * n2 * n1):
+        i1 = t % n1
+        u = t // n1
+        decode_row(fmt, a[u // n2, u % n2, i1], o[u // n2, u % n2, i1])
+
+
+@njit(parallel=True, **_OPTS)
+def q_get_rows(fmt, a, idx, o):
+    """o[i3, i2, i1, :] = the values of a[i3, i2, idx[0, i3, i2, i1]]."""
+    n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
+    for t in prange(n3 * n2 * n1):
+        i1 = t % n1
+        u = t // n1
+        i2 = u % n2
+        i3 = u // n2
+        decode_row(fmt, a[i3, i2, idx[0, i3, i2, i1]], o[i3, i2, i1])
+
+
+GROUP = 8  # weight rows decoded together; each load of an activation row serves all of them
+GROUPS_PER_TASK = 4
+
+
+@njit(parallel=True, **_DOT_OPTS)
+def q_mul_mat(fmt, a, b, o):
+    """o[i3, i2, n, m] = sum_k value(a[i3 // r3, i2 // r2, m])[k] * b[i3, i2, n, k], float32 sums.
+
+    A task owns up to GROUP * GROUPS_PER_TASK rows of one a matrix: it decodes GROUP rows at a
+    time into a float32 tile and dots the tile with every b row of every b matrix broadcast onto
+    that a matrix, so each weight block is decoded once per product."""
+    n3, n2, nn, nm = o.shape
+    a3, a2 = a.shape[0], a.shape[1]
+    nk = b.shape[3]
+    r3 = n3 // a3
+    r2 = n2 // a2
+    rows = GROUP * GROUPS_PER_TASK
+    tm = (nm + rows - 1) // rows
+    for task in prange(a3 * a2 * tm):
+        jm = task % tm
+        u = task // tm
+        k2 = u % a2
+        k3 = u // a2
+        tile = np.empty((GROUP, nk), np.float32)
+        m_end = min(nm, (jm + 1) * rows)
+        for m0 in range(jm * rows, m_end, GROUP):
+            g = min(GROUP, m_end - m0)
+            for gi in range(g):
+                decode_row(fmt, a[k3, k2, m0 + gi], tile[gi])
+            for i3 in range(k3 * r3, (k3 + 1) * r3):
+                for i2 in range(k2 * r2, (k2 + 1) * r2):
+                    for q in range(nn):
+                        y = b[i3, i2, q]
+                        orow = o[i3, i2, q]
+                        if g == GROUP:
+                            x0 = tile[0]
+                            x1 = tile[1]
+                            x2 = tile[2]
+                            x3 = tile[3]
+                            x4 = tile[4]
+                            x5 = tile[5]
+                            x6 = tile[6]
+                            x7 = tile[7]
+                            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+                            for k in range(nk):
+                                yk = y[k]
+                                s0 += x0[k] * yk
+                                s1 += x1[k] * yk
+                                s2 += x2[k] * yk
+                                s3 += x3[k] * yk
+                                s4 += x4[k] * yk
+                                s5 += x5[k] * yk
+                                s6 += x6[k] * yk
+                                s7 += x7[k] * yk
+                            orow[m0] = s0
+                            orow[m0 + 1] = s1
+                            orow[m0 + 2] = s2
+                            orow[m0 + 3] = s3
+                            orow[m0 + 4] = s4
+                            orow[m0 + 5] = s5
+                            orow[m0 + 6] = s6
+                            orow[m0 + 7] = s7
+                        else:
+                            for gi in range(g):
+                                x = tile[gi]
+                                s = np.float32(0.0)
+                                for k in range(nk):
+                                    s += x[k] * y[k]
+                                orow[m0 + gi] = s
+
+
+@njit(parallel=True, **_DOT_OPTS)
+def q_mul_mat_id(fmt, w, b, ids, o):
+    """o[0, t, e, m] = sum_k value(w[0, ids[0, 0, t, e], m])[k] * b[0, t, e % n_b, k], float32 sums;
+    one task per (token, slot), the expert's rows decoded one at a time."""
+    nt, nu, nm = o.shape[1], o.shape[2], o.shape[3]
+    nbb = b.shape[2]
+    nk = b.shape[3]
+    for r in prange(nt * nu):
+        e = r % nu
+        t = r // nu
+        ex = ids[0, 0, t, e]
+        y = b[0, t, e % nbb]
+        x = np.empty(nk, np.float32)
+        for m in range(nm):
+            decode_row(fmt, w[0, ex, m], x)
+            s = np.float32(0.0)
+            for k in range(nk):
+                s += x[k] * y[k]
+            o[0, t, e, m] = s
+
+
+KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}
