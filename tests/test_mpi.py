@@ -44,9 +44,17 @@ def _skip_reason() -> str | None:
 needs_mpi = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 
 
+def same_packages_path() -> str:
+    """PYTHONPATH giving a child process the prism_core and backends this process imported (the
+    installed wheel in CI, the source tree in an editable checkout), whatever its working directory."""
+    import prism_numpy
+    dirs = dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (pc, prism_numpy))
+    return os.pathsep.join([*dirs, os.environ.get("PYTHONPATH", "")])
+
+
 def launch(nranks: int, *args: str, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "backends"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = same_packages_path()
     env.setdefault("PRISM_NUM_THREADS", "1")  # the ranks share this machine's cores
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [_mpiexec(), "--oversubscribe", "-n", str(nranks), sys.executable, str(WORKER), *args]
@@ -245,7 +253,7 @@ def test_digits_example_over_2_ranks_matches_one_process():
     example = ROOT / "examples" / "digits_mlp.py"
     args = ["--epochs", "2", "--silent", "--backend", "numpy", "--target", "0"]
     env = dict(os.environ, PRISM_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "backends"), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=same_packages_path())
     one = subprocess.run([sys.executable, str(example), *args], env=env, capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert one.returncode == 0, one.stderr[-2000:]
