@@ -91,8 +91,11 @@ print(time.perf_counter() - t0)
 
 def _env() -> dict[str, str]:
     n = str(THREADS)
+    # llama.cpp's OpenMP threads spin at their barriers: on a machine whose cores other processes share, one
+    # descheduled spinner stalls every graph node (measured here: 1.3 decode tok/s at 2 threads against 67
+    # with PASSIVE). Passive waiting unless the caller chose a policy.
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PRISM_NUM_THREADS=n,
-                NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n)
+                NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
 
 
 def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float) -> dict:
@@ -161,7 +164,8 @@ def run(bench) -> None:
     if _have_llamacpp():
         import llama_cpp
         engines.append("llama.cpp")
-        print(f"  peer: llama.cpp via llama-cpp-python {llama_cpp.__version__}")
+        print(f"  peer: llama.cpp via llama-cpp-python {llama_cpp.__version__} "
+              f"(OMP_WAIT_POLICY={_env()['OMP_WAIT_POLICY']})")
     else:
         print("  llama.cpp column skipped: llama-cpp-python is not installed "
               "(CMAKE_ARGS=-DLLAVA_BUILD=OFF pip install llama-cpp-python==0.3.36)")
