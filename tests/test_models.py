@@ -17,10 +17,11 @@ from prism_core.types import GGMLType as G
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
-def tiny(arch: str, seed: int = 0, *, weight_type: G = G.F32, n_layer: int = 2):
-    """Metadata and NumPy weights of a tiny model: n_embd 64, 4 query heads over 2 KV heads of 32."""
+def tiny(arch: str, seed: int = 0, *, weight_type: G = G.F32, n_layer: int = 2, head_dim: int = 32):
+    """Metadata and NumPy weights of a tiny model: n_embd 64, 4 query heads over 2 KV heads of ``head_dim``
+    (llama.cpp's qwen2 needs 4 * head_dim == n_embd: tests/data/make_llamacpp_fixtures.py uses 16)."""
     r = np.random.default_rng(seed)
-    e, nh, nkv, d, f, vocab = 64, 4, 2, 32, 96, 50
+    e, nh, nkv, d, f, vocab = 64, 4, 2, head_dim, 96, 50
     meta = {"general.architecture": arch, f"{arch}.embedding_length": e, f"{arch}.block_count": n_layer,
             f"{arch}.feed_forward_length": f, f"{arch}.attention.head_count": nh,
             f"{arch}.attention.head_count_kv": nkv, f"{arch}.attention.key_length": d,

