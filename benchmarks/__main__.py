@@ -20,6 +20,7 @@ import prism_core as pc
 from . import gguf_open
 from . import quant as quant_section
 from .machine import copy_bandwidth_gbs, fp32_peak_gflops
+from .quantized import quantized
 
 try:
     import torch
@@ -217,7 +218,8 @@ def _prism_mlp_step(x, y, dh, be):
 
 
 SECTIONS = {"dispatch": Bench.dispatch, "add": Bench.add_16m, "mul_mat": Bench.mul_mat, "rows": Bench.row_ops,
-            "mlp": Bench.mlp, "quant": quant_section.run, "gguf": gguf_open.run}
+            "mlp": Bench.mlp, "quant": quant_section.run, "gguf": gguf_open.run,
+            "quantized": lambda bench: quantized(bench, best_time)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -225,12 +225,12 @@ ATTR static inline float FN(sigm)(float x) { return 1.0f / (1.0f + expf(-x)); }
 ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     switch (op) {
     case U_ABS: return fabsf(x);
-    case U_SGN: return x > 0 ? 1.0f : x < 0 ? -1.0f : x;
+    case U_SGN: return x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f; /* ggml's: NaN and -0.0 give +0.0 */
     case U_NEG: return -x;
     case U_STEP: return x > 0 ? 1.0f : 0.0f;
     case U_TANH: return tanhf(x);
     case U_ELU: return x > 0 ? x : expm1f(x);
-    case U_RELU: return x < 0 ? 0.0f : x;
+    case U_RELU: return x > 0 ? x : 0.0f;
     case U_SIGMOID: return FN(sigm)(x);
     case U_GELU: {
         double xd = x; /* the tanh form, computed exactly (no table) */
@@ -238,8 +238,8 @@ ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     }
     case U_GELU_QUICK: return x * FN(sigm)(1.702f * x);
     case U_SILU: return x / (1.0f + expf(-x));
-    case U_HARDSWISH: { float t = (x + 3.0f) / 6.0f; t = t < 0 ? 0 : t > 1 ? 1 : t; return x * t; }
-    case U_HARDSIGMOID: { float t = (x + 3.0f) / 6.0f; return t < 0 ? 0 : t > 1 ? 1 : t; }
+    case U_HARDSWISH: return x * fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f));
+    case U_HARDSIGMOID: return fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f)); /* NaN -> 0, as ggml */
     case U_EXP: return expf(x);
     case U_EXPM1: return expm1f(x);
     case U_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
@@ -256,10 +256,10 @@ ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     case U_SCALE: {
         double t = (double)x * p0;
         __asm__("" : "+m"(t)); /* no fused multiply-add: round as the reference does */
-        return t + p1;
+        return p1 == 0.0 ? t : t + p1; /* ggml skips a zero bias: -0.0 * s keeps its sign */
     }
-    case U_CLAMP: return x < p0 ? p0 : x > p1 ? p1 : x;
-    case U_LEAKY_RELU: return x > 0 ? (double)x : x * p0;
+    case U_CLAMP: { double m = x < p1 ? (double)x : p1; return m > p0 ? m : p0; } /* ggml's MAX(MIN(x, max), min) */
+    case U_LEAKY_RELU: return x > 0 ? (double)x : x < 0 ? 0.0 + x * p0 : 0.0; /* NaN, -0.0 -> +0.0 */
     default: return x;
     }
 }
@@ -287,20 +287,20 @@ ATTR static void FN(unary_contig)(int op, double p0, double p1, float *d, const 
     }
     switch (op) {
     case U_STEP: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? 1.0f : 0.0f; return;
-    case U_SGN: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? 1.0f : a[i] < 0 ? -1.0f : a[i]; return;
+    case U_SGN: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? 1.0f : a[i] < 0 ? -1.0f : 0.0f; return;
     case U_HARDSIGMOID:
-        for (int64_t i = 0; i < n; i++) { float t = (a[i] + 3.0f) / 6.0f; d[i] = t < 0 ? 0 : t > 1 ? 1 : t; }
+        for (int64_t i = 0; i < n; i++) d[i] = fminf(1.0f, fmaxf(0.0f, (a[i] + 3.0f) / 6.0f));
         return;
     case U_HARDSWISH:
-        for (int64_t i = 0; i < n; i++) { float t = (a[i] + 3.0f) / 6.0f; t = t < 0 ? 0 : t > 1 ? 1 : t; d[i] = a[i] * t; }
+        for (int64_t i = 0; i < n; i++) d[i] = a[i] * fminf(1.0f, fmaxf(0.0f, (a[i] + 3.0f) / 6.0f));
         return;
     case U_LEAKY_RELU:
         if (!exact) break;
-        for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? a[i] : a[i] * f0;
+        for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? a[i] : a[i] < 0 ? 0.0f + a[i] * f0 : 0.0f;
         return;
     case U_CLAMP:
         if (!exact) break;
-        for (int64_t i = 0; i < n; i++) d[i] = a[i] < f0 ? f0 : a[i] > f1 ? f1 : a[i];
+        for (int64_t i = 0; i < n; i++) { const float m = a[i] < f1 ? a[i] : f1; d[i] = m > f0 ? m : f0; }
         return;
     default: break;
     }
@@ -309,7 +309,7 @@ ATTR static void FN(unary_contig)(int op, double p0, double p1, float *d, const 
     case U_ABS: for (int64_t i = 0; i < n; i++) d[i] = fabsf(a[i]); return;
     case U_SQR: for (int64_t i = 0; i < n; i++) d[i] = a[i] * a[i]; return;
     case U_SQRT: for (int64_t i = 0; i < n; i++) d[i] = sqrtf(a[i]); return;
-    case U_RELU: for (int64_t i = 0; i < n; i++) d[i] = a[i] < 0 ? 0.0f : a[i]; return;
+    case U_RELU: for (int64_t i = 0; i < n; i++) d[i] = a[i] > 0 ? a[i] : 0.0f; return;
     case U_SCALE: {
         const double s = p0, b = p1;
         if (b == 0.0 && (double)(float)s == s) { const float sf = (float)s; for (int64_t i = 0; i < n; i++) d[i] = a[i] * sf; }
@@ -1132,7 +1132,7 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
             const double g = load_f32(gr + i * gnb, gt);
             double r;
             if (act < 0) {
-                const double xc = x < limit ? (double)x : limit;
+                const double xc = limit < x ? limit : (double)x; /* std::min(x, limit): NaN stays NaN */
                 const double gc = g < -limit ? -limit : g > limit ? limit : g;
                 r = xc / (1.0 + exp(-alpha * xc)) * (gc + 1.0);
             } else {
@@ -1188,16 +1188,17 @@ ATTR static void FN(arange)(double start, double step, const csimd_tensor *d) {
     }
 }
 
-/* ARGMAX of each row of a matrix: ties go to the last index, a NaN wins (the last NaN), as the reference */
+/* ARGMAX of each row of a matrix, ggml's loop: max = MAX(max, v); if (max == v) idx = i. Ties go to
+   the last index; a NaN makes max NaN without taking the index, and the next element then takes both */
 ATTR static void FN(argmax)(const csimd_tensor *a, const csimd_tensor *d) {
     for (int64_t r = 0; r < a->ne[1]; r++) {
-        int64_t best = a->ne[0] - 1;
-        float bv;
-        memcpy(&bv, ELT(a, best, r, 0, 0), 4);
-        for (int64_t i = a->ne[0] - 2; i >= 0 && bv == bv; i--) {
+        int64_t best = 0;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < a->ne[0]; i++) {
             float v;
             memcpy(&v, ELT(a, i, r, 0, 0), 4);
-            if (v > bv || v != v) { bv = v; best = i; }
+            mx = mx > v ? mx : v;
+            if (mx == v) best = i;
         }
         int32_t o = (int32_t)best;
         memcpy(ELT(d, r, 0, 0, 0), &o, 4);

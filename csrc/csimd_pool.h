@@ -13,14 +13,26 @@ ATTR static void FN(padded_row)(float *buf, int64_t pw, int64_t pad, int64_t n, 
     for (int64_t i = hi > lo ? hi : lo; i < pw; i++) buf[i] = fill;
 }
 
-/* max with the reference's NaN rule: a NaN tap wins unless the running value is NaN already */
-ATTR static inline float FN(max_tap)(float m, float v) { return ((v > m || v != v) && m == m) ? v : m; }
+/* ggml's running max, std::max(v, m) = v < m ? m : v: a NaN tap replaces m, the next tap replaces the
+   NaN. ggml skips a missing (padding) tap, so padding holds a NaN of a payload no arithmetic makes
+   (POOL_PAD_BITS), which the max leaves out: no real value could stand for "no tap" after a NaN. */
+#ifndef POOL_PAD_BITS
+#define POOL_PAD_BITS ((int32_t)0x7fe0dead)
+#endif
+ATTR static inline float FN(max_tap)(float m, float v) {
+    int32_t bits;
+    memcpy(&bits, &v, 4);
+    return bits == POOL_PAD_BITS || v < m ? m : v;
+}
 
 ATTR static int FN(pool)(int dims2, int op_max, int64_t k0, int64_t k1, int64_t s0, int64_t s1, int64_t p0,
                          int64_t p1, const csimd_tensor *a, const csimd_tensor *d, int nth) {
     const int64_t W = a->ne[0], H = a->ne[1], OW = d->ne[0], OH = d->ne[1];
     const int64_t nr = OH * d->ne[2] * d->ne[3], pw = (OW - 1) * s0 + k0;
-    const float fill = op_max ? -FLT_MAX : 0.0f; /* a missing tap: no effect on the max or the sum */
+    const int32_t pad_bits = POOL_PAD_BITS;
+    float pad_nan;
+    memcpy(&pad_nan, &pad_bits, 4);
+    const float fill = op_max ? pad_nan : 0.0f; /* a missing tap: no effect on the max or the sum */
     int failed = 0;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
@@ -47,7 +59,7 @@ ATTR static int FN(pool)(int dims2, int op_max, int64_t k0, int64_t k1, int64_t 
                     if (s0 == 1)
                         for (; ox + VL <= OW; ox += VL) {
                             const VF m = *(const VFU *)(mx + ox), v = *(const VFU *)(src + ox);
-                            const VI take = ((v > m) | (v != v)) & (m == m);
+                            const VI take = ~(v < m) & ((VI)v != POOL_PAD_BITS);
                             *(VFU *)(mx + ox) = (VF)(((VI)v & take) | ((VI)m & ~take));
                         }
                     for (; ox < OW; ox++) mx[ox] = FN(max_tap)(mx[ox], src[ox * s0]);

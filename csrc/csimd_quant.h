@@ -286,6 +286,223 @@ static void q_quant_tq1_0(const float *x, uint8_t *y) {
     q_put_f16(y + 52, d);
 }
 
+/* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): L[i] in 0..2*nmax-1,
+   returns the scale; 18 further scales tried around -nmax/max. Float operations in ggml's order. */
+#define Q_GROUP_MAX_EPS 1e-15f
+__attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
+                                                                                 int8_t *L) {
+    float max = 0.0f, amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < Q_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = -(float)nmax / max, sumlx = 0.0f, suml2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+        int l = q_nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0.0f;
+        for (int i = 0; i < n; i++) {
+            int l = q_nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * (float)l;
+            suml2 += w * (float)l * (float)l;
+        }
+        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                int l = q_nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q6_K as ggml's quantize_row_q6_K_ref: per group of 16 the search above, 8-bit group scales
+   relative to the largest, then each value requantized against its rounded scale */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q6_k(const float *x, uint8_t *y) {
+    int8_t L[256];
+    float scales[16], max_scale = 0.0f, max_abs_scale = 0.0f;
+    for (int ib = 0; ib < 16; ib++) {
+        const float scale = q_make_qx_quants_rmse1(16, 32, x + 16 * ib, L + 16 * ib);
+        scales[ib] = scale;
+        const float abs_scale = fabsf(scale);
+        if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
+    }
+    memset(y, 0, 210);
+    if (max_abs_scale < Q_GROUP_MAX_EPS) return; /* all zero, d = 0 */
+    const float iscale = -128.0f / max_scale;
+    q_put_f16(y + 208, 1.0f / iscale);
+    int8_t *sc = (int8_t *)(y + 192);
+    for (int ib = 0; ib < 16; ib++) {
+        const int v = q_nearest_int(iscale * scales[ib]);
+        sc[ib] = (int8_t)(v < 127 ? v : 127);
+    }
+    const float dh = q_f16(y + 208);
+    for (int j = 0; j < 16; j++) {
+        const float d = dh * (float)sc[j];
+        if (d == 0.0f) continue;
+        for (int ii = 0; ii < 16; ii++) {
+            int l = q_nearest_int(x[16 * j + ii] / d);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            L[16 * j + ii] = (int8_t)(l + 32);
+        }
+    }
+    for (int h = 0; h < 2; h++) {
+        uint8_t *ql = y + 64 * h, *qh = y + 128 + 32 * h;
+        const int8_t *Lh = L + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+            ql[l] = (uint8_t)((q1 & 15) | ((q3 & 15) << 4));
+            ql[l + 32] = (uint8_t)((q2 & 15) | ((q4 & 15) << 4));
+            qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+        }
+    }
+}
+
+/* ggml's make_qkx2_quants (asymmetric, weighted): L[i] in 0..nmax, returns the scale and *the_min (the
+   positive offset); nstep + 1 further scales tried, the min carried over from each winner as ggml does */
+__attribute__((optimize("fp-contract=off"))) static float q_make_qkx2_quants(int n, int nmax, const float *x,
+                                                                            const float *weights, uint8_t *L,
+                                                                            float *the_min, float rmin, float rdelta,
+                                                                            int nstep, int use_mad) {
+    uint8_t Laux[32];
+    float min = x[0], max = x[0], sum_w = weights[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        const float w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *the_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min), scale = 1 / iscale, best_error = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = q_nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        float diff = scale * (float)L[i] + min - x[i];
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best_error += weights[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = q_nearest_int(iscale * (x[i] - min));
+            l = l < 0 ? 0 : l > nmax ? nmax : l;
+            Laux[i] = (uint8_t)l;
+            const float w = weights[i];
+            sum_l += w * (float)l;
+            sum_l2 += w * (float)l * (float)l;
+            sum_xl += w * (float)l * x[i];
+        }
+        const float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)Laux[i] + this_min - x[i];
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                cur_error += weights[i] * diff;
+            }
+            if (cur_error < best_error) {
+                for (int i = 0; i < n; i++) L[i] = Laux[i];
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* Q4_K (five = 0) and Q5_K (five = 1) as ggml's quantize_row_q4_K_ref / q5_K_ref */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const float *x, uint8_t *y, int five) {
+    const int nmax = five ? 31 : 15;
+    uint8_t L[256];
+    float weights[32], mins[8], scales[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = q_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], five ? -0.5f : -1.0f, 0.1f,
+                                       five ? 15 : 20, 0);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t *sc = y + 4;
+    memset(sc, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = (uint8_t)q_nearest_int(inv_scale * scales[j]), lm = (uint8_t)q_nearest_int(inv_min * mins[j]);
+        ls = ls < 63 ? ls : 63;
+        lm = lm < 63 ? lm : 63;
+        if (j < 4) {
+            sc[j] = ls;
+            sc[j + 4] = lm;
+        } else {
+            sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            sc[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    q_put_f16(y, max_scale / 63.f);
+    q_put_f16(y + 2, max_min / 63.f);
+    const float dh = q_f16(y), dminh = q_f16(y + 2);
+    for (int j = 0; j < 8; j++) {
+        int s, m;
+        q_k_scale_min(sc, j, &s, &m);
+        const float d = dh * (float)s;
+        if (!d) continue;
+        const float dm = dminh * (float)m;
+        for (int ii = 0; ii < 32; ii++) {
+            const int l = q_nearest_int((x[32 * j + ii] + dm) / d);
+            L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    }
+    if (!five) {
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) y[16 + 32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + l + 32] << 4));
+        return;
+    }
+    uint8_t *qh = y + 16, *ql = y + 48;
+    memset(qh, 0, 32);
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < 32; j++) {
+            int l1 = L[64 * c + j], l2 = L[64 * c + j + 32];
+            if (l1 > 15) { l1 -= 16; qh[j] |= (uint8_t)(1u << (2 * c)); }
+            if (l2 > 15) { l2 -= 16; qh[j] |= (uint8_t)(2u << (2 * c)); }
+            ql[32 * c + j] = (uint8_t)(l1 | (l2 << 4));
+        }
+}
+
 /* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
    Returns 0, or -1 for a type without a quantizer here. */
 static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
@@ -300,12 +517,15 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     case Q_MXFP4: q_quant_mxfp4(x, y); return 0;
     case Q_TQ1_0: q_quant_tq1_0(x, y); return 0;
     case Q_TQ2_0: q_quant_tq2_0(x, y); return 0;
+    case Q_Q6_K: q_quant_q6_k(x, y); return 0;
+    case Q_Q4_K: q_quant_q4q5_k(x, y, 0); return 0;
+    case Q_Q5_K: q_quant_q4q5_k(x, y, 1); return 0;
     default: return -1;
     }
 }
 
 static inline int q_has_quantizer(int t) {
     return t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K ||
-           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0;
+           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K;
 }
 #endif

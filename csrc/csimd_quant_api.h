@@ -49,7 +49,7 @@ int csimd_q_dequantize(int t, const void *src, float *dst, int64_t n, int nth) {
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t b0 = c * per, b1 = b0 + per < nb ? b0 + per : nb;
-        QCALL(q_dequant_row, t, s + b0 * bb, dst + b0 * be, (b1 - b0) * be)
+        QCALL(q_dequant, t, s + b0 * bb, dst + b0 * be, (b1 - b0) * be)
     }
     return 0;
 }
@@ -133,7 +133,7 @@ int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd
 
 /* one quantized row (ne0 elements, whole blocks) -> F32 */
 static void q_row_dequant(int t, const char *src, float *dst, int64_t n) {
-    QCALL(q_dequant_row, t, (const uint8_t *)src, dst, n)
+    QCALL(q_dequant, t, (const uint8_t *)src, dst, n)
 }
 
 /* GET_ROWS from a quantized a: d[:, i, j, k] (F32/F16/BF16) = a's row idx[i, j, k] of matrix (j, k), dequantized */
@@ -208,10 +208,23 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
                     memcpy(ELT(d, 0, i1, i2, i3) + jb * bb, ELT(a, 0, j1, j2, j3) + (L % ba) * bb, (size_t)bb);
                 }
             } else if (qa >= 0) {
+                if (d->type == CSIMD_F32 && d->nb[0] == 4 && d->ne[0] == n0) { /* row for row */
+                    int64_t j1, j2, j3;
+                    unravel_row(d, ir, &j1, &j2, &j3);
+                    q_row_dequant(qa, ELT(a, 0, i1, i2, i3), (float *)ELT(d, 0, j1, j2, j3), n0);
+                    continue;
+                }
                 q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
                 for (int64_t e = 0; e < n0; e++) store_f32(q_elt_linear(d, ir * n0 + e), d->type, tmp[e]);
             } else {
-                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
+                if (a->ne[0] == n0) { /* row for row */
+                    int64_t j1, j2, j3;
+                    unravel_row(a, ir, &j1, &j2, &j3);
+                    const char *ar = ELT(a, 0, j1, j2, j3);
+                    for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ar + e * a->nb[0], a->type);
+                } else {
+                    for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
+                }
                 uint8_t *o = (uint8_t *)ELT(d, 0, i1, i2, i3);
                 const int be = q_block_elems(qd), bb = q_block_bytes(qd);
                 for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, o + ib * bb);

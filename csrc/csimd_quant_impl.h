@@ -6,7 +6,9 @@
    activation row quantized to Q8_0/Q8_1/Q8_K is then sum over 4-element lanes of (int dot of the
    lane) * wscale * ascale + sum over groups of offset * ascale * (sum of the group's activations):
    one integer kernel for every format (AVX-512 VNNI, AVX2 maddubs/madd, scalar). The group sums
-   paired with the offsets are those of the F32 activations (ggml: of the quantized ones). Weight rows are
+   paired with the offsets are those of the quantized activations, as ggml's (Q8_1's s, Q8_K's bsums):
+   the scale part and the offset then see the same rounded activations, whose errors partly cancel
+   (scale*q and the offset of Q4_K, say, are both larger than their sum). Weight rows are
    decoded once per tile of activation rows (QM_NC rows) and reused for all of them. */
 #include "csimd_quant.h"
 
@@ -31,8 +33,7 @@ typedef struct {
 } q_wrow;
 
 /* an activation row: q[Kp], scale per lane of 4, -128 * (sum of the lane) (VNNI's bias removed),
-   the sum of each group of 16 (the offsets' partner: of the F32 values when quantized from F32,
-   else scale * the quantized sum) */
+   scale * (sum of each group of 16) (the offsets' partner) */
 typedef struct {
     int8_t *q;
     float *ls;
@@ -501,6 +502,75 @@ QATTR static void FN(q_wrow_fill)(int t, const uint8_t *src, int64_t K, int64_t 
 #endif
 }
 
+/* dequantize (as q_dequant_row, the same floats): Q4_0, Q8_0 and Q4_K straight from their blocks, Q5_0 and
+   Q6_K through the vectorised decoders (256 elements at a time to int8 and lane scales, then converted) */
+QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int t, const uint8_t *src, float *dst,
+                                                                          int64_t n) {
+    if (t == Q_Q8_0) { /* straight: scale times the bytes */
+        for (int64_t ib = 0; ib < n / 32; ib++) {
+            const uint8_t *b = src + 34 * ib;
+            const float d = FN(q_h2f)(b);
+            const int8_t *qs = (const int8_t *)(b + 2);
+            for (int j = 0; j < 32; j++) dst[32 * ib + j] = d * (float)qs[j];
+        }
+        return;
+    }
+    if (t == Q_Q4_0) {
+        for (int64_t ib = 0; ib < n / 32; ib++) {
+            const uint8_t *b = src + 18 * ib;
+            const float d = FN(q_h2f)(b);
+            float *y = dst + 32 * ib;
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)((b[2 + j] & 15) - 8);
+                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+            }
+        }
+        return;
+    }
+    if (t == Q_Q4_K) { /* straight: each sub-block of 32 its scale and offset */
+        for (int64_t ib = 0; ib < n / 256; ib++) {
+            const uint8_t *b = src + 144 * ib;
+            const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
+            for (int c = 0; c < 4; c++) {
+                int s0, m0, s1, m1;
+                q_k_scale_min(b + 4, 2 * c, &s0, &m0);
+                q_k_scale_min(b + 4, 2 * c + 1, &s1, &m1);
+                const float d0 = d * (float)s0, o0 = -(dmin * (float)m0), d1 = d * (float)s1, o1 = -(dmin * (float)m1);
+                const uint8_t *qs = b + 16 + 32 * c;
+                float *y = dst + 256 * ib + 64 * c;
+                for (int l = 0; l < 32; l++) {
+                    const float p0 = d0 * (float)(qs[l] & 15), p1 = d1 * (float)(qs[l] >> 4);
+                    y[l] = p0 + o0;
+                    y[l + 32] = p1 + o1;
+                }
+            }
+        }
+        return;
+    }
+    if (t != Q_Q5_0 && t != Q_Q6_K) {
+        FN(q_dequant_row)(t, src, dst, n);
+        return;
+    }
+    const int64_t be = q_block_elems(t), bb = q_block_bytes(t), per = 256 / be;
+    int8_t q[256] __attribute__((aligned(64)));
+    float ls[64] __attribute__((aligned(64))), off[16];
+    q_wrow w = {q, ls, off, 0};
+    for (int64_t c = 0; c < n / 256; c++) {
+        FN(q_wrow_fill_fast)(t, src + c * per * bb, 256, &w);
+        float *y = dst + 256 * c;
+        for (int g = 0; g < 16; g++) { /* one scale (and offset) per group of 16 */
+            const float sg = ls[4 * g], og = w.has_off ? off[g] : 0.0f;
+            float *yg = y + 16 * g;
+            const int8_t *qg = q + 16 * g;
+            for (int j = 0; j < 16; j++) yg[j] = sg * (float)(int8_t)((uint8_t)qg[j] ^ (uint8_t)QBIAS_PAD);
+            if (w.has_off)
+                for (int j = 0; j < 16; j++) yg[j] = yg[j] + og;
+        }
+    }
+    const int64_t done = n / 256 * 256;
+    if (done < n) FN(q_dequant_row)(t, src + done / be * bb, dst + done, n - done);
+}
+
 /* an activation row already in an activation format (Q8_0/Q8_1/Q8_K blocks) into its decoded form */
 QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, int64_t kp, q_arow *a) {
     const int be = q_block_elems(at), bb = q_block_bytes(at);
@@ -530,14 +600,6 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
     const int be = q_block_elems(at), bb = q_block_bytes(at);
     for (int64_t ib = 0; ib < K / be; ib++) q_quantize_block(at, 0, x + ib * be, tmp + ib * bb);
     FN(q_arow_fill_blocks)(at, tmp, K, kp, a);
-    /* The offsets' partner from the unrounded activations: ggml uses the sums of the quantized ones
-       (Q8_1's s, Q8_K's bsums); the exact sums cost nothing here and keep a large offset (a big
-       dmin * min) from amplifying the activations' rounding. */
-    for (int64_t g = 0; g < K / 16; g++) {
-        double s = 0.0;
-        for (int j = 0; j < 16; j++) s += (double)x[16 * g + j];
-        a->gsum[g] = (float)s;
-    }
 }
 
 /* ------------------------------------------------------------ integer dot products */
@@ -592,13 +654,189 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
         out[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 #endif
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) { /* the offsets: vectors of groups (kp / 16 is a multiple of 4) */
         if (!w[r].has_off) continue;
-        float s = 0.0f;
-        for (int64_t g = 0; g < kp / 16; g++) s += w[r].off[g] * a->gsum[g];
-        out[r] += s;
+        VF s = (VF){0};
+        int64_t g = 0;
+        for (; g + VL <= kp / 16; g += VL) s += *(const VFU *)(w[r].off + g) * *(const VFU *)(a->gsum + g);
+        float t = FN(hsum)(s);
+        for (; g < kp / 16; g++) t += w[r].off[g] * a->gsum[g];
+        out[r] += t;
     }
 }
+
+/* ------------------------------------------------------------ fused matrix-vector dot products
+   For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
+   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows are then read straight from their blocks,
+   each block unpacked in registers into the very bytes q_wrow_fill would store (so the results are
+   the same). 0: not handled here (the caller decodes). */
+#if ISA_LEVEL >= 1
+/* 32 weights of one block as signed bytes (q - bias of the format) */
+QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    if (t == Q_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(b + (t == Q_Q5_0 ? 6 : 2)));
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    if (t == Q_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0101010101010101LL, 0x0000000000000000LL));
+    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16));
+    return _mm256_sub_epi8(_mm256_or_si256(q, hb), _mm256_set1_epi8(16));
+}
+#endif
+
+/* Q4_K and Q6_K rows straight from their super-blocks (the same bytes and scales as q_wrow_fill) */
+QATTR static int FN(q_dot_direct_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+#if ISA_LEVEL >= 1
+    if (t != Q_Q4_K && t != Q_Q6_K) return 0;
+    const int64_t bb = q_block_bytes(t);
+    for (int r = 0; r < R; r++) {
+#if ISA_LEVEL == 2
+        __m512 acc = _mm512_setzero_ps();
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#else
+        __m256 acc = _mm256_setzero_ps();
+        const __m256i ones = _mm256_set1_epi16(1);
+#endif
+        float offs = 0.0f;
+        for (int64_t ib = 0; ib < K / 256; ib++) {
+            const uint8_t *b = wr[r] + ib * bb;
+            const int64_t k0 = 256 * ib;
+            __m256i e[8]; /* 32 signed weights per sub-block of 32 (Q4_K: 0..15, Q6_K: -32..31) */
+            float sc[16]; /* scale per group of 16 */
+            if (t == Q_Q4_K) {
+                const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
+                const __m256i m4 = _mm256_set1_epi8(15);
+                for (int c = 0; c < 4; c++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+                    e[2 * c] = _mm256_and_si256(v, m4);
+                    e[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+                for (int j = 0; j < 8; j++) {
+                    int scj, mj;
+                    q_k_scale_min(b + 4, j, &scj, &mj);
+                    sc[2 * j] = sc[2 * j + 1] = d * (float)scj;
+                    const float off = -(dmin * (float)mj);
+                    offs += off * a->gsum[k0 / 16 + 2 * j] + off * a->gsum[k0 / 16 + 2 * j + 1];
+                }
+            } else {
+                const float d = FN(q_h2f)(b + 208);
+                const int8_t *s6 = (const int8_t *)(b + 192);
+                const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                    const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                    e[4 * h] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4)), m32);
+                    e[4 * h + 1] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4)), m32);
+                    e[4 * h + 2] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4)), m32);
+                    e[4 * h + 3] = _mm256_sub_epi8(
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4)), m32);
+                }
+                for (int g = 0; g < 16; g++) sc[g] = d * (float)s6[g];
+            }
+#if ISA_LEVEL == 2
+            for (int c = 0; c < 4; c++) { /* 64 weights: sub-blocks 2c, 2c+1 (groups 4c .. 4c+3) */
+                const int64_t k = k0 + 64 * c;
+                const __m512i wv = _mm512_xor_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(e[2 * c]), e[2 * c + 1], 1), bias);
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), wv,
+                                                      _mm512_loadu_si512((const void *)(a->q + k)));
+                const __m512 ws = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                                        _mm512_castps128_ps512(_mm_loadu_ps(sc + 4 * c)));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_loadu_ps(a->ls + k / 4)), acc);
+            }
+#else
+            for (int c = 0; c < 8; c++) { /* 32 weights: groups 2c, 2c+1 */
+                const int64_t k = k0 + 32 * c;
+                const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+                const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(e[c], e[c]), _mm256_sign_epi8(av, e[c]));
+                const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1]), _mm_set1_ps(sc[2 * c]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
+                                      _mm256_mul_ps(ws, _mm256_loadu_ps(a->ls + k / 4)), acc);
+            }
+#endif
+        }
+#if ISA_LEVEL == 2
+        out[r] = _mm512_reduce_add_ps(acc) + offs;
+#else
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1))) + offs;
+#endif
+    }
+    return 1;
+#else
+    (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
+    return 0;
+#endif
+}
+
+QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+    if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_dot_direct_k)(t, wr, R, K, a, out);
+#if ISA_LEVEL == 2
+    if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
+    const int64_t bb = q_block_bytes(t);
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 64) {
+        const __m512i av = _mm512_loadu_si512((const void *)(a->q + k));
+        const __m512i nb = _mm512_loadu_si512((const void *)(a->nbias + k / 4));
+        const __m512 as = _mm512_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b0 = wr[r] + (k / 32) * bb, *b1 = b0 + bb;
+            const __m512i wv = _mm512_xor_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(FN(q_block_s8)(t, b0)), FN(q_block_s8)(t, b1), 1), bias);
+            const __m512i s = _mm512_dpbusd_epi32(nb, wv, av);
+            const __m512 ws = _mm512_insertf32x8(_mm512_set1_ps(FN(q_h2f)(b0)), _mm256_set1_ps(FN(q_h2f)(b1)), 1);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, as), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    return 1;
+#elif ISA_LEVEL == 1
+    if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) return 0;
+    const int64_t bb = q_block_bytes(t);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t k = 0; k < K; k += 32) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + (k / 32) * bb;
+            const __m256i wv = FN(q_block_s8)(t, b);
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), as);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+    }
+    return 1;
+#else
+    (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
+    return 0;
+#endif
+}
+
+#define QM_DIRECT 1 /* activation rows per tile up to which weights are read straight from their blocks (2 measured slower) */
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
 #define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
@@ -674,6 +912,19 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
             for (int r = 0; r < 4; r++) q_wrow_at(&w[r], wbuf + wb * (size_t)r, kp);
             for (int64_t m = m0; m < m1; m += 4) {
                 const int R = (int)(m1 - m < 4 ? m1 - m : 4);
+                if (j1 - j0 <= QM_DIRECT) {
+                    const uint8_t *wr[4];
+                    for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
+                    int done = 1;
+                    for (int64_t j = j0; j < j1 && done; j++) {
+                        q_arow ar;
+                        q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
+                        float o[4];
+                        done = FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+                        for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
+                    }
+                    if (done) continue;
+                }
                 for (int r = 0; r < R; r++) FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
                 for (int64_t j = j0; j < j1; j++) {
                     q_arow ar;
@@ -785,6 +1036,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 }
 #undef Q_VNNI
 #undef QBIAS_PAD
+#undef QM_DIRECT
 #undef QV
 #undef QVF
 #undef QV16

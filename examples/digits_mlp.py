@@ -4,6 +4,11 @@ prism_core.train.fit, the Python counterpart of ggml-opt's ``ggml_opt_fit``.
     python examples/digits_mlp.py                       # AdamW, 30 epochs, batch 32, val split 0.2
     python examples/digits_mlp.py --epochs 10 --alpha 3e-3 --backend numpy
     python examples/digits_mlp.py --save mlp.gguf          # then: prism gguf mlp.gguf
+    mpiexec -n 2 python examples/digits_mlp.py --mpi       # data-parallel over 2 processes
+
+With --mpi (``pip install 'prism-tensor[mpi]'``) every physical batch of --batch datapoints is
+shared by the ranks (each evaluates batch / nranks of them) and the gradients are summed
+across ranks before each step, so the run equals the one-process run up to summation order.
 
 The progress bar (ggml's format) is drawn on stderr when it is a terminal; --progress
 forces it, --silent turns it off. Exits with status 1 if the validation accuracy is
@@ -67,16 +72,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress", action="store_true", help="draw the progress bar even if stderr is no terminal")
     ap.add_argument("--silent", action="store_true", help="no progress bar")
     ap.add_argument("--save", metavar="PATH", help="write the trained weights to PATH as GGUF")
+    ap.add_argument("--mpi", action="store_true", help="data-parallel over the ranks of mpiexec (needs mpi4py)")
     args = ap.parse_args(argv)
+
+    rank, nranks, fit = 0, 1, train.fit
+    if args.mpi:
+        from prism_core.train import distributed
+        comm = distributed.world()
+        distributed.abort_on_exception(comm)  # an error on one rank ends every rank
+        rank, nranks, fit = comm.Get_rank(), comm.Get_size(), distributed.fit
+        if args.batch % nranks:
+            sys.exit(f"--mpi: --batch {args.batch} must be a multiple of the {nranks} ranks")
+    def say(line: str) -> None:                             # results once, from rank 0
+        if rank == 0:
+            print(line)
 
     x_np, y_np = load_digits()
     logical = args.logical or args.batch
+    physical = args.batch // nranks                          # each rank's share of a batch
     ndata = len(x_np) - len(x_np) % logical                  # fit needs whole logical batches
     x_np, y_np = x_np[:ndata], y_np[:ndata]
     dataset = train.Dataset.from_numpy(x_np, y_np)
 
     ctx = pc.Context()
-    images, logits = build_mlp(ctx, args.batch, x_np.shape[1], args.hidden, 10, np.random.default_rng(args.seed))
+    images, logits = build_mlp(ctx, physical, x_np.shape[1], args.hidden, 10, np.random.default_rng(args.seed))
 
     def schedule(epoch: int) -> train.OptimizerParams:      # called with the epoch number (from 1)
         alpha = args.alpha * args.decay ** (epoch - 1)
@@ -84,32 +103,33 @@ def main(argv: list[str] | None = None) -> int:
                                      sgd=train.SGDParams(alpha=alpha, wd=args.wd))
 
     be = pc.backend(args.backend)
-    print(f"digits: {ndata} of 1797 images (whole logical batches of {logical}), MLP 64-{args.hidden}-10, "
-          f"{args.optimizer} alpha={args.alpha:g} wd={args.wd:g} decay={args.decay:g}, physical batch {args.batch}, "
-          f"{args.epochs} epochs, val_split={args.val_split}, backend '{be.name}'")
+    say(f"digits: {ndata} of 1797 images (whole logical batches of {logical}), MLP 64-{args.hidden}-10, "
+        f"{args.optimizer} alpha={args.alpha:g} wd={args.wd:g} decay={args.decay:g}, physical batch {physical}"
+        + (f" on each of {nranks} ranks" if args.mpi else "")
+        + f", {args.epochs} epochs, val_split={args.val_split}, backend '{be.name}'")
     t0 = time.perf_counter()
-    res = train.fit(ctx, images, logits, dataset, train.LossType.CROSS_ENTROPY, args.optimizer, schedule,
-                    nepoch=args.epochs, nbatch_logical=logical, val_split=args.val_split, silent=args.silent,
-                    backend=be, progress=True if args.progress else None)
+    res = fit(ctx, images, logits, dataset, train.LossType.CROSS_ENTROPY, args.optimizer, schedule,
+              nepoch=args.epochs, nbatch_logical=logical, val_split=args.val_split, silent=args.silent,
+              backend=be, progress=True if args.progress else None)
     dt = time.perf_counter() - t0
 
     (tl, tlu), (ta, tau) = res.result_train.loss(), res.result_train.accuracy()
     (vl, vlu), (va, vau) = res.result_val.loss(), res.result_val.accuracy()
-    print(f"train: {res.result_train.ndata} images, loss {tl:.5f} ± {tlu:.5f}, accuracy {100 * ta:.2f} ± "
-          f"{100 * tau:.2f} % (last epoch, measured while training)")
-    print(f"val:   {res.result_val.ndata} images, loss {vl:.5f} ± {vlu:.5f}, accuracy {100 * va:.2f} ± "
-          f"{100 * vau:.2f} %")
-    print(f"time: {dt:.2f} s for {args.epochs} epochs ({res.opt_ctx.iter - 1} optimizer steps)")
-    if args.save:
+    say(f"train: {res.result_train.ndata} images, loss {tl:.5f} ± {tlu:.5f}, accuracy {100 * ta:.2f} ± "
+        f"{100 * tau:.2f} % (last epoch, measured while training)")
+    say(f"val:   {res.result_val.ndata} images, loss {vl:.5f} ± {vlu:.5f}, accuracy {100 * va:.2f} ± "
+        f"{100 * vau:.2f} %")
+    say(f"time: {dt:.2f} s for {args.epochs} epochs ({res.opt_ctx.iter - 1} optimizer steps)")
+    if args.save and rank == 0:
         from prism_core import gguf
         weights = {t.name: t for t in ctx.tensors if t.flags & pc.Flag.PARAM}
         gguf.save(args.save, weights, {"general.architecture": "mlp", "mlp.input_length": x_np.shape[1],
                                        "mlp.hidden_length": args.hidden, "mlp.output_length": 10,
                                        "mlp.validation_accuracy": float(va)})
-        print(f"saved {len(weights)} tensors to {args.save}")
+        say(f"saved {len(weights)} tensors to {args.save}")
     ok = va >= args.target
-    print(f"validation accuracy {100 * va:.2f} % {'>=' if ok else '<'} target {100 * args.target:.0f} %: "
-          f"{'OK' if ok else 'FAILED'}")
+    say(f"validation accuracy {100 * va:.2f} % {'>=' if ok else '<'} target {100 * args.target:.0f} %: "
+        f"{'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 
 

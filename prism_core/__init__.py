@@ -22,17 +22,18 @@ from .build import *  # noqa: F403 - the graph-building functions are the public
 from .build import node
 from .context import Context
 from .errors import (
-                     BackendUnavailable,
-                     BoundExceeded,
-                     InvalidArgument,
-                     MalformedFile,
-                     PluginError,
-                     PrismError,
-                     ReadOnlyTensor,
-                     ShapeMismatch,
-                     TypeMismatch,
-                     UnknownBackend,
-                     Unsupported,
+    BackendUnavailable,
+    BoundExceeded,
+    InvalidArgument,
+    MalformedFile,
+    PluginError,
+    PrismError,
+    PrismWarning,
+    ReadOnlyTensor,
+    ShapeMismatch,
+    TypeMismatch,
+    UnknownBackend,
+    Unsupported,
 )
 from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl

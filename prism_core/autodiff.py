@@ -13,6 +13,7 @@ gradient path...) raises and rolls back every tensor and graph edit it made.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from . import build as B
@@ -33,6 +34,9 @@ def build_backward(graph: Graph, grad_accs: Mapping[Tensor, Tensor] | None = Non
     their extents; the loss always gets one."""
     if not isinstance(graph, Graph):
         raise InvalidArgument(f"build_backward: expected a Graph, got {type(graph).__name__}")
+    if grad_accs is not None and not isinstance(grad_accs, Mapping):
+        raise InvalidArgument(f"build_backward: grad_accs must map tensors to accumulators, "
+                              f"got {type(grad_accs).__name__}")
     saved = graph._state()
     contexts = {id(t.ctx): t.ctx for t in graph.nodes}
     marks = {k: c.mark() for k, c in contexts.items()}
@@ -74,6 +78,15 @@ def _expand(graph: Graph, accs: dict[Tensor, Tensor]) -> None:
         if acc.ne != node.ne:
             raise ShapeMismatch(f"build_backward: the accumulator of {node.label} has ne={list(acc.ne)}, "
                                 f"the node has ne={list(node.ne)}")
+        if acc.ctx is not node.ctx:
+            raise InvalidArgument(f"build_backward: the accumulator of {node.label} belongs to another context")
+        # gradients are added into it in place and reset() zeroes it: it must be memory of its own
+        if acc.op != Op.NONE or acc.view_src is not None or acc.flags & Flag.PARAM or id(acc) in in_graph:
+            raise InvalidArgument(f"build_backward: the accumulator of {node.label} must be a leaf tensor of its "
+                                  f"own (not a view, a node or a parameter of the graph), got {acc.label}")
+    shared = [a for a, n in Counter(accs.values()).items() if n > 1]  # tensors hash by identity
+    if shared:
+        raise InvalidArgument(f"build_backward: one accumulator ({shared[0].label}) is given for several nodes")
     graph.grads.clear()
     graph.grad_accs.clear()
 
@@ -145,6 +158,8 @@ def _add_or_set(graph: Graph, src: Tensor, contribution: Tensor) -> None:
 
 def reset(graph: Graph) -> None:
     """Loss gradients to 1; other accumulators and AdamW moments to 0 (ggml_graph_reset)."""
+    if not isinstance(graph, Graph):
+        raise InvalidArgument(f"reset: expected a Graph, got {type(graph).__name__}")
     for node in graph.nodes:
         if node.op == Op.OPT_STEP_ADAMW:
             node.src[2].set(0.0)

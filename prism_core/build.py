@@ -19,7 +19,7 @@ from .errors import BoundExceeded, InvalidArgument
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, Out, ViewOut, infer, opdef
 from .params import check_params
-from .tensor import MAX_SRC, Tensor
+from .tensor import MAX_SRC, Tensor, overlaps_itself
 from .types import traits
 
 
@@ -50,6 +50,8 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         if not d.srcs:
             raise InvalidArgument(f"{d.key}: has no source tensors; pass the context as ctx=")
         raise InvalidArgument(f"{d.key}: needs at least one source tensor")
+    if not isinstance(inplace, (bool, np.bool_)):
+        raise InvalidArgument(f"{d.key}: inplace must be a bool, got {inplace!r}")
     if inplace and not d.inplace:
         raise InvalidArgument(f"{d.key}: has no in-place variant")
     for k in d.fixed:
@@ -65,6 +67,12 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
         a = srcs[0]
         assert isinstance(out, Out) and out.ne == a.ne and out.type == a.type, d.key
         out = ViewOut(a, a.type, a.ne, a.nb)
+    if isinstance(out, ViewOut) and not d.view_only and overlaps_itself(out.type, out.ne, out.nb):
+        # several result elements in one place (a stride-0 view): which write lands last is each
+        # backend's own loop order, so the op table refuses it for every op that writes into memory
+        raise InvalidArgument(f"{d.key}: the result is written into {out.of.label} with strides "
+                              f"{list(out.nb)} for ne={list(out.ne)}, whose elements overlap in memory; "
+                              "write into a contiguous tensor (cont) instead")
     if isinstance(out, ViewOut) and not d.view_only:  # the result's memory is out.of's: it writes there
         out.of.check_writable(f"{d.key}{' (in place)' if inplace else ''}")
     try:
@@ -79,6 +87,20 @@ def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = 
     result.params = MappingProxyType(checked)
     result.src = tuple(srcs)
     return result
+
+
+def _tensor_arg(who: str, name: str, x: Any) -> Tensor:
+    """``x`` when it is a Tensor: for builders that read a source's metadata before :func:`node`."""
+    if not isinstance(x, Tensor):
+        raise InvalidArgument(f"{who}: {name} must be a Tensor, got {type(x).__name__}")
+    return x
+
+
+def _int_arg(who: str, name: str, x: Any) -> int:
+    """``x`` when it is an int: for builders that compute with an argument before :func:`node`."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise InvalidArgument(f"{who}: {name} must be an int, got {x!r}")
+    return int(x)
 
 
 def _n(key: str, *srcs: Tensor | None, inplace: bool = False, **params: Any) -> Tensor:
@@ -163,10 +185,12 @@ def set(a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int, inplace
 
 
 def set_1d(a: Tensor, b: Tensor, offset: int, inplace: bool = False) -> Tensor:
+    a = _tensor_arg("SET", "a", a)
     return set(a, b, a.nb[1], a.nb[2], a.nb[3], offset, inplace)
 
 
 def set_2d(a: Tensor, b: Tensor, nb1: int, offset: int, inplace: bool = False) -> Tensor:
+    a = _tensor_arg("SET", "a", a)
     return set(a, b, nb1, a.nb[2], a.nb[3], offset, inplace)
 
 
@@ -248,13 +272,14 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 def cast(a: Tensor, type: Any) -> Tensor:
     """A new tensor of ``type`` holding a's values (ggml_cast)."""
     from .types import as_type
+    a = _tensor_arg("cast", "a", a)
     with a.ctx.transaction():
         return cpy(a, a.ctx.new_tensor(as_type(type), a.ne))
 
 
 def cont(a: Tensor, ne: Sequence[int] = ()) -> Tensor:
     """Contiguous copy of a, optionally with new extents ``ne`` (ggml order)."""
-    return _n("CONT", a, ne=tuple(ne))
+    return _n("CONT", a, ne=ne)
 
 
 def cont_2d(a: Tensor, ne0: int, ne1: int) -> Tensor: return cont(a, (ne0, ne1))
@@ -264,7 +289,7 @@ def cont_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor: return
 
 def reshape(a: Tensor, ne: Sequence[int] | Tensor) -> Tensor:
     """View of contiguous a with extents ``ne`` (ggml order) or another tensor's extents."""
-    return _n("RESHAPE", a, ne=tuple(ne.ne) if isinstance(ne, Tensor) else tuple(ne))
+    return _n("RESHAPE", a, ne=ne.ne if isinstance(ne, Tensor) else ne)
 
 
 def reshape_1d(a: Tensor, ne0: int) -> Tensor: return reshape(a, (ne0,))
@@ -276,19 +301,21 @@ def reshape_4d(a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor: ret
 def view(a: Tensor, ne: Sequence[int], nb: Sequence[int], offset: int = 0) -> Tensor:
     """View of a's memory: extents ``ne`` (ggml order, 1-4 dims), byte strides
     ``nb`` = (nb1, nb2, nb3), byte ``offset`` from a's first element."""
-    return _n("VIEW", a, ne=tuple(ne), nb=tuple(nb), offset=offset)
+    return _n("VIEW", a, ne=ne, nb=nb, offset=offset)
 
 
 def view_1d(a: Tensor, ne0: int, offset: int = 0) -> Tensor:
-    ts = traits(a.type).type_size
-    return view(a, (ne0,), (ts * ne0,) * 3, offset)
+    ts = traits(_tensor_arg("VIEW", "a", a).type).type_size
+    return view(a, (ne0,), (ts * _int_arg("VIEW", "ne0", ne0),) * 3, offset)
 
 
 def view_2d(a: Tensor, ne0: int, ne1: int, nb1: int, offset: int = 0) -> Tensor:
+    nb1, ne1 = _int_arg("VIEW", "nb1", nb1), _int_arg("VIEW", "ne1", ne1)
     return view(a, (ne0, ne1), (nb1, nb1 * ne1, nb1 * ne1), offset)
 
 
 def view_3d(a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int = 0) -> Tensor:
+    nb2, ne2 = _int_arg("VIEW", "nb2", nb2), _int_arg("VIEW", "ne2", ne2)
     return view(a, (ne0, ne1, ne2), (nb1, nb2, nb2 * ne2), offset)
 
 

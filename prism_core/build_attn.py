@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .build import node
+from .build import _tensor_arg, node
 from .ops import RopeMode
 from .tensor import Tensor
 
@@ -17,9 +17,10 @@ def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims:
     """Rotary position embedding of a [head_dim, n_head, n_tokens, B] (ggml order) at I32
     positions ``pos`` (one per token; four per token for the MROPE modes). ``n_dims`` = 0
     rotates the whole row."""
-    return node("ROPE", a, pos, freq_factors, inplace=inplace, n_dims=n_dims or a.ne[0], mode=mode,
+    return node("ROPE", a, pos, freq_factors, inplace=inplace,
+                n_dims=n_dims or _tensor_arg("ROPE", "a", a).ne[0], mode=mode,
                 n_ctx_orig=n_ctx_orig, freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
-                attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow, sections=tuple(sections),
+                attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow, sections=sections,
                 n_offs=n_offs)
 
 

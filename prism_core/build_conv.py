@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .build import _tensor_arg, mul_mat, node, permute, reshape
 from .build import cont as _cont
-from .build import mul_mat, node, permute, reshape
 from .errors import InvalidArgument
 from .optable_conv import PoolOp, ScaleMode
-from .tensor import Tensor
+from .tensor import Tensor, check_ne
 from .types import F16, F32, as_type
 
 
@@ -43,7 +43,7 @@ def im2col_back(grad: Tensor, kernel: Tensor, ne: Sequence[int], s0: int, s1: in
                 d1: int, is_2D: bool = True) -> Tensor:
     """Adjoint of :func:`im2col`: F32 tensor of the input extents ``ne`` in which each
     element is the sum of the entries of ``grad`` (im2col's result shape) that read it."""
-    ne = tuple(ne) + (1,) * (4 - len(tuple(ne)))
+    ne = check_ne(ne, "IM2COL_BACK: ne")
     return node("IM2COL_BACK", grad, kernel, s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1, ne=ne, is_2D=is_2D)
 
 
@@ -75,8 +75,7 @@ def conv_2d_im2col(a: Tensor, b: Tensor, s0: int = 1, s1: int = 1, p0: int = 0, 
     """ggml_conv_2d: the 2D convolution as im2col (result type = a's type) + mul_mat +
     reshape/permute/cont. Kernel a [KW, KH, IC, OC] (contiguous), input b [W, H, IC, N]
     -> F32 [OW, OH, OC, N]; same values as :func:`conv_2d`."""
-    if not isinstance(a, Tensor):
-        raise InvalidArgument(f"conv_2d_im2col: a must be a Tensor, got {type(a).__name__}")
+    a = _tensor_arg("conv_2d_im2col", "a", a)
     with a.ctx.transaction():
         cols = im2col(a, b, s0, s1, p0, p1, d0, d1, True, a.type if a.type in (F32, F16) else F32)
         r = mul_mat(reshape(cols, (cols.ne[0], cols.ne[3] * cols.ne[2] * cols.ne[1])),
@@ -91,8 +90,7 @@ def conv_1d(a: Tensor, b: Tensor, s0: int = 1, p0: int = 0, d0: int = 1) -> Tens
     out[ol, oc, n] = sum_{ic,k} a[k, ic, oc] * b[ol*s0 + k*d0 - p0, ic, n] (zero outside b).
     ggml_conv_1d reshapes the [N*OL, OC] product straight to [OL, OC, N], which orders the
     batch correctly only for N = 1; here it is permuted (and made contiguous) instead."""
-    if not isinstance(a, Tensor):
-        raise InvalidArgument(f"conv_1d: a must be a Tensor, got {type(a).__name__}")
+    a = _tensor_arg("conv_1d", "a", a)
     with a.ctx.transaction():
         cols = im2col(a, b, s0, 0, p0, 0, d0, 0, False, a.type if a.type in (F32, F16) else F32)  # [IC*K, OL, N]
         r = mul_mat(reshape(cols, (cols.ne[0], cols.ne[2] * cols.ne[1])),
@@ -133,8 +131,7 @@ def upscale_ext(a: Tensor, ne0: int, ne1: int, ne2: int | None = None, ne3: int 
     NEAREST reads a[floor(i / sf_i)] in every dim; BILINEAR interpolates dims 0 and 1 at
     src = (i + 0.5) / sf - 0.5 (clamped at the edges; offset 0 and sf = (ne - 1)/(a.ne - 1) with
     ``align_corners``) and uses nearest along dims 2, 3 (ggml_interpolate)."""
-    if not isinstance(a, Tensor):
-        raise InvalidArgument(f"UPSCALE: a must be a Tensor, got {type(a).__name__}")
+    a = _tensor_arg("UPSCALE", "a", a)
     ne = (ne0, ne1, a.ne[2] if ne2 is None else ne2, a.ne[3] if ne3 is None else ne3)
     return node("UPSCALE", a, ne=ne, mode=_enum(ScaleMode, mode, "UPSCALE"), align_corners=align_corners)
 
@@ -143,8 +140,7 @@ def upscale(a: Tensor, scale_factor: int, mode: ScaleMode | str = ScaleMode.NEAR
     """ggml_upscale: dims 0 and 1 multiplied by the integer ``scale_factor``."""
     if isinstance(scale_factor, bool) or not isinstance(scale_factor, int) or scale_factor < 1:
         raise InvalidArgument(f"UPSCALE: scale_factor must be an int >= 1, got {scale_factor!r}")
-    if not isinstance(a, Tensor):
-        raise InvalidArgument(f"UPSCALE: a must be a Tensor, got {type(a).__name__}")
+    a = _tensor_arg("UPSCALE", "a", a)
     return upscale_ext(a, a.ne[0] * scale_factor, a.ne[1] * scale_factor, mode=mode)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+import time
 
 from . import __version__
 from .errors import PrismError
@@ -61,52 +63,79 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from .conformance.cases import all_cases
-    from .conformance.gradcheck import grad_cases
     from .conformance.report import certificate, summary, table, to_json, to_markdown
-    from .conformance.runner import DEFAULT_TIMEOUT, run, run_grad
+    from .conformance.runner import DEFAULT_TIMEOUT, NOT_RUN, CaseResult, run, run_grad
+    from .conformance.workers import Suite, in_process_only, run_suite
     from .optable import OPS, opdef
-    from .registry import backend, backends
+    from .registry import REGISTRY, backend, backends
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
     if args.random is not None and args.mode == "grad":
         raise PrismError("--random draws forward cases only; use it without --mode grad")
-    infos = {i.name: i for i in backends()}
     if not args.backend or "all" in args.backend:
-        selected = [i.backend for i in infos.values() if i.available]
+        infos = {i.name: i for i in backends()}
+        names = [n for n, i in infos.items() if i.available]
         for i in infos.values():
             if not i.available:
                 print(f"skipping {i.name}: unavailable ({i.reason})")
     else:
-        selected = [backend(n) for n in args.backend]
+        names = list(dict.fromkeys(backend(n).name for n in args.backend))  # selecting asks only these
     if args.random is not None:
-        from .conformance.random_cases import RANDOM, random_cases
+        from .conformance.random_cases import RANDOM
         skipped = [k for k in ops if k not in RANDOM]
         if args.op and skipped:
             print(f"no random cases for {', '.join(skipped)} (random cases cover the elementwise, "
                   "MUL_MAT, SOFT_MAX and norm families)")
         ops = [k for k in ops if k in RANDOM]
-        cases = random_cases(ops, args.random, args.seed)
-    else:
-        cases = grad_cases(ops) if args.mode == "grad" else all_cases(ops)
+    suite = Suite(mode=args.mode, ops=tuple(ops), random=args.random, seed=args.seed)
+    cases = suite.cases()
     timeout = DEFAULT_TIMEOUT if args.timeout is None else (args.timeout or None)
+    deadline = time.monotonic() + args.budget if args.budget else None
+    local = names if args.in_process else in_process_only(names)
+    for n in local if not args.in_process else ():
+        print(f"running {n} in this process: its plugin was registered in-process in a form a worker "
+              "process cannot load, so a crash there ends the run")
+
+    def event(text: str) -> None:
+        print(f"prism: {text}", file=sys.stderr, flush=True)
+    outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
+                        jobs=args.jobs, on_event=event, cases=cases)
+    interrupted, out_of_budget = outcome.interrupted, outcome.out_of_budget
     results = {}
-    for b in selected:
-        runner = run_grad if args.mode == "grad" else run
-        results[b.name] = runner(b, cases, timeout=timeout)
-        if args.quiet:
-            print(summary(b.name, results[b.name]))
-    if not args.quiet:
+    for name in names:
+        if name not in local:
+            results[name] = outcome.results[name]
+            continue
+        done: list[CaseResult] = []
+        if not interrupted:
+            try:
+                runner = run_grad if args.mode == "grad" else run
+                runner(backend(name), cases, timeout=timeout, progress=done.append, deadline=deadline)
+            except KeyboardInterrupt:
+                interrupted = True
+        why = "not run: interrupted" if interrupted else "not run: the overall budget ran out"
+        results[name] = done + [CaseResult(c, name, NOT_RUN, why) for c in cases[len(done):]]
+        out_of_budget |= any(r.status == NOT_RUN for r in done)
+    if args.quiet:
+        for name, rs in results.items():
+            print(summary(name, rs))
+    else:
         print(table(results, ops))
+    incomplete = ("interrupted" if interrupted else
+                  f"the overall budget of {args.budget:g} s ran out" if out_of_budget else "")
+    if incomplete:
+        print(f"incomplete run: {incomplete}; cases that did not run are reported NOT RUN")
     if args.report:
         meta = {}
-        for b in selected:
-            i = infos.get(b.name)
-            meta[b.name] = {"version": str(b.version), "plugin": i.plugin if i else "",
-                            "interface_version": b.interface_version, "priority": b.priority,
-                            "reference": bool(b.is_reference)}
-        run_info = {"timeout_s": timeout}
+        for name in names:
+            i = REGISTRY.info(name)
+            meta[name] = {"version": i.version, "plugin": i.plugin, "interface_version": i.interface_version,
+                          "priority": i.priority, "reference": bool(i.backend.is_reference)}
+        run_info = {"timeout_s": timeout, "budget_s": args.budget, "jobs": args.jobs,
+                    "isolation": "in-process" if args.in_process else "process", "complete": not incomplete}
+        if incomplete:
+            run_info["incomplete_reason"] = incomplete
         if args.random is not None:
             run_info.update(random=args.random, seed=args.seed)
         cert = certificate(results, ops, mode=args.mode, backends=meta, run=run_info)
@@ -118,7 +147,52 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise PrismError(f"cannot write the {fmt} report to {path}: {e}") from None
             print(f"wrote {fmt} report to {path}")
+    if interrupted:
+        return 130
     return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+
+
+# ------------------------------------------------------------------ argument types (bad values: usage errors)
+MAX_SECONDS = 1e6  # about 11 days: beyond it "no limit" is meant (0), and OS timers overflow
+
+
+def seconds_arg(text: str) -> float:
+    """A finite number of seconds, 0 to MAX_SECONDS."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    if x > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:g} seconds (0: no limit), got {text!r}")
+    return x
+
+
+def budget_arg(text: str) -> float:
+    x = seconds_arg(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return x
+
+
+def int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def jobs_arg(text: str) -> int:
+    if text == "auto":
+        return os.cpu_count() or 1
+    return int_at_least(1)(text)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -139,14 +213,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="forward: values against the reference; grad: gradients against finite differences")
     c.add_argument("--report", nargs=2, action="append", metavar=("FORMAT", "FILE"),
                    help="also write the support table as FORMAT (json or markdown) to FILE (repeatable)")
-    c.add_argument("--random", type=int, metavar="N", default=None,
+    c.add_argument("--random", type=int_at_least(1), metavar="N", default=None,
                    help="instead of the fixed cases, N random cases per op (elementwise, matmul, softmax, "
                         "norm families): random shapes, types, strides/layouts and params")
-    c.add_argument("--seed", type=int, default=0, metavar="S", help="seed of --random (default 0); "
+    c.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of --random (default 0); "
                    "the same seed draws the same cases")
-    c.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="per-case limit for the backend under test (default 120; 0: none, run in the "
-                        "calling thread); a case over it is reported TIMEOUT and the suite moves on")
+    c.add_argument("--timeout", type=seconds_arg, default=None, metavar="SECONDS",
+                   help="per-case limit (default 120; 0: none); a case over it is reported TIMEOUT, its worker "
+                        "is killed and a new one resumes after that op's cases")
+    c.add_argument("--budget", type=budget_arg, default=None, metavar="SECONDS",
+                   help="overall limit of the run; when it runs out the workers are stopped and the cases "
+                        "left are reported NOT RUN (the results so far are printed and reported)")
+    c.add_argument("--jobs", "-j", type=jobs_arg, default=1, metavar="N",
+                   help="worker processes at once (default 1; 'auto': one per core); each backend's cases "
+                        "are split into batches at op boundaries")
+    c.add_argument("--in-process", action="store_true",
+                   help="run the backends in this process (worker threads with the per-case timeout; 0: the "
+                        "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
     c.set_defaults(func=cmd_conformance)
     d = sub.add_parser("demo", help="build and run a small graph end to end")
@@ -163,8 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         for fmt, _ in args.report:
             if fmt not in ("json", "markdown", "md"):
                 p.error(f"--report FORMAT must be json or markdown, got {fmt!r}")
-    if getattr(args, "random", None) is not None and args.random < 1:
-        p.error("--random N needs N >= 1")
     if hasattr(signal, "SIGPIPE"):  # `prism ops | head` should end quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
@@ -172,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrismError as e:
         print(f"prism: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before or after the run proper (which reports what finished)
+        print("prism: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

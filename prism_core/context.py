@@ -10,6 +10,7 @@ Host memory is allocated lazily, on a tensor's first data access.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BoundExceeded, InvalidArgument, ShapeMismatch
-from .tensor import Tensor, check_name, check_ne, contiguous_strides, nbytes_of
+from .tensor import Tensor, as_array, check_name, check_ne, contiguous_strides, nbytes_of
 from .types import GGMLType, as_type, from_numpy_dtype, traits
 
 TENSOR_OVERHEAD = 368  # bytes of metadata per tensor in ggml's arena (ggml_tensor_overhead)
@@ -49,6 +50,8 @@ class Context:
         self.used = 0
         self.tensors: list[Tensor] = []
         self._raw: dict[int, np.ndarray] = {}  # id(base tensor) -> buffer with guards
+        # held while a graph over this context's tensors is planned or computed (see schedule.holding)
+        self.compute_lock = threading.RLock()
 
     # ---------------------------------------------------------- creation
     def cost(self, t: GGMLType, ne: tuple[int, ...], *, owns_memory: bool) -> int:
@@ -121,7 +124,7 @@ class Context:
     def from_numpy(self, array: Any, type: GGMLType | int | str | None = None, name: str = "") -> Tensor:
         """A new tensor holding ``array`` (NumPy order, at most 4 dims); the type is
         taken from the array's dtype unless given (float64 arrays become F32 by default)."""
-        arr = np.asarray(array)
+        arr = as_array(array, "from_numpy")
         if arr.ndim > 4:
             raise BoundExceeded(f"from_numpy: array has {arr.ndim} dims; Prism tensors have at most 4")
         if type is None:
@@ -177,7 +180,11 @@ class Context:
     def _allocate(self, base: Tensor) -> np.ndarray:
         n = base.nbytes
         g = self.guard_bytes
-        raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        try:
+            raw = np.zeros(n + 2 * g, dtype=np.uint8)
+        except MemoryError:  # the budget allowed it, the host cannot give it
+            raise BoundExceeded(f"{base.label}: the host cannot allocate its {n} bytes "
+                                f"(the context's budget is {self.mem_size})") from None
         if g:
             raw[:g] = self.GUARD_PATTERN
             raw[g + n:] = self.GUARD_PATTERN

@@ -55,3 +55,8 @@ class UnknownBackend(PrismError, LookupError):
 
 class PluginError(PrismError, RuntimeError):
     """A plugin raised on import or registered something malformed."""
+
+
+class PrismWarning(UserWarning):
+    """Prism accepted something as ggml does, but part of it has no effect (e.g. datapoints
+    in a partial shard that no batch uses)."""

@@ -21,16 +21,17 @@ import numpy as np
 from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .params import Param
-from .quant import can_quantize
-from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of
+from .quant import OUT_OF_SCOPE, can_quantize
+from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of, overlaps_itself
 from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
 ANY_PLAIN = PLAIN_TYPES
-# Block types: those Prism decodes, those it also encodes (ggml's reference quantizer), and the
-# weight types of ggml's quantized dot products (Q8_1 and Q8_K only ever hold activations there).
-QUANTIZED = frozenset(t for t in GGMLType if traits(t).is_quantized and traits(t).usable)
+# Block types: those Prism decodes (NVFP4's values can be read, but no op takes it yet), those it
+# also encodes (ggml's reference quantizer), and the weight types of ggml's quantized dot products
+# (Q8_1 and Q8_K only ever hold activations there).
+QUANTIZED = frozenset(t for t in GGMLType if traits(t).is_quantized and traits(t).usable and t not in OUT_OF_SCOPE)
 QUANT_WRITABLE = frozenset(t for t in QUANTIZED if can_quantize(t))
 QUANT_WEIGHTS = QUANTIZED - {GGMLType.Q8_1, GGMLType.Q8_K}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -199,6 +200,11 @@ def _region_rule(d, s, p):
     for k in ("nb1", "nb2", "nb3", "offset"):
         if p[k] % ts:
             _fail(d, f"{k}={p[k]} is not a multiple of the element size {ts}", InvalidArgument)
+    if overlaps_itself(a.type, b.ne, (ts, p["nb1"], p["nb2"], p["nb3"])):
+        # several elements of b would land on one element of a: ggml's result then depends on its
+        # thread split, and backends would disagree; refused once, here
+        _fail(d, f"the region (strides {ts}/{p['nb1']}/{p['nb2']}/{p['nb3']}) for b ne={list(b.ne)} overlaps "
+                 "itself: each stride must clear the span of the dims inside it", InvalidArgument)
     end = p["offset"] + nbytes_of(a.type, b.ne, (ts, p["nb1"], p["nb2"], p["nb3"]))
     if end > a.nbytes:
         _fail(d, f"the region (offset {p['offset']}, strides {p['nb1']}/{p['nb2']}/{p['nb3']}) for b "
@@ -390,6 +396,8 @@ def _clamp_rule(d, s, p):
 
 def _loss_rule(d, s, p):
     _same_shape(d, s, "a", "b")
+    if s["a"].nelements == 0:  # no class to distribute over, or no row to average over
+        _fail(d, f"a has no elements (ne={list(s['a'].ne)}): the loss needs rows of at least one class")
     return Out(F32, (1, 1, 1, 1))
 
 
@@ -469,7 +477,8 @@ def _arange_rule(d, s, p):
     if step == 0:
         _fail(d, "step must be non-zero", InvalidArgument)
     if not stop > start:
-        _fail(d, f"stop={stop} must be greater than start={start} (ggml's ranges increase)", InvalidArgument)
+        _fail(d, f"stop={stop} must be greater than start={start} in float32 (ggml's ranges increase; "
+                 "float params are kept in float32)", InvalidArgument)
     if step < 0:
         _fail(d, f"step={step} is negative, so [start={start}, stop={stop}) gives an empty range",
               InvalidArgument)

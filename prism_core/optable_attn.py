@@ -22,6 +22,7 @@ from .optable import (
     divides,
 )
 from .params import Param
+from .semantics import rope_yarn_corr_dims
 from .types import BF16, F16, F32, I32, I64
 
 ROPE_PARAMS = (
@@ -31,7 +32,8 @@ ROPE_PARAMS = (
     Param("freq_base", float, 10000.0, min=0.0), Param("freq_scale", float, 1.0),
     Param("ext_factor", float, 0.0), Param("attn_factor", float, 1.0),
     Param("beta_fast", float, 32.0), Param("beta_slow", float, 1.0),
-    Param("sections", tuple, (0, 0, 0, 0), length=4, doc="MROPE/VISION/IMROPE section sizes"),
+    Param("sections", tuple, (0, 0, 0, 0), length=4, min=0, max=2**31 - 1,
+          doc="MROPE/VISION/IMROPE section sizes (each >= 0, every mode)"),
     Param("n_offs", int, 0, min=0, doc="first rotated dim (even)"),
 )
 MROPE_MODES = (RopeMode.MROPE, RopeMode.VISION, RopeMode.IMROPE)
@@ -58,6 +60,13 @@ def _rope_rule(d, s, p):
         _fail(d, f"VISION needs n_dims = a.ne[0]/2 = {ne0 // 2} and n_offs 0", InvalidArgument)
     if p["freq_scale"] <= 0 or p["freq_base"] <= 0:
         _fail(d, "freq_base and freq_scale must be > 0", InvalidArgument)
+    if p["ext_factor"] != 0.0:
+        try:
+            rope_yarn_corr_dims(n_dims, p["n_ctx_orig"], p["freq_base"], p["beta_fast"], p["beta_slow"])
+        except (ArithmeticError, ValueError):
+            _fail(d, f"YaRN (ext_factor={p['ext_factor']}) needs a finite correction range: beta_fast and "
+                     f"beta_slow > 0, n_ctx_orig > 0 and freq_base != 1 (got {p['beta_fast']}, {p['beta_slow']}, "
+                     f"{p['n_ctx_orig']}, {p['freq_base']})", InvalidArgument)
     if ff is not None and ff.nelements < n_dims // 2:
         _fail(d, f"freq_factors needs >= n_dims/2 = {n_dims // 2} entries, has {ff.nelements}")
     if not a.is_contiguous_rows():

@@ -68,6 +68,8 @@ _CONV_PARAM_KEYS = ("s0", "s1", "p0", "p1", "d0", "d1")
 def _out_size(d, what: str, ins: int, ks: int, s: int, p: int, dil: int) -> int:
     if ks < 1:
         _fail(d, f"the kernel has {ks} taps along {what}; it needs at least 1")
+    if ins < 1:  # C's truncating division would still give an output of 1 for a large stride
+        _fail(d, f"the input is empty along {what}: there is nothing to convolve")
     o = conv_output_size(ins, ks, s, p, dil)
     if o < 1:
         _fail(d, f"output size along {what} is {o} < 1: input {ins} (+ 2*padding {p}) is too small for "
@@ -172,6 +174,8 @@ define("CONV_2D", Op.CONV_2D, (Src("a", FLOATS), Src("b", F32_F16)), _conv_2d_ru
 
 # ------------------------------------------------------------------ pooling
 def _pool_size(d, what: str, ins: int, k: int, s: int, p: int) -> int:
+    if p > ins:  # decided here for every backend: it bounds the window (k <= ins + 2p) by the input
+        _fail(d, f"padding {p} along {what} is larger than the input's {ins} elements", InvalidArgument)
     o = pool_output_size(ins, k, s, p)
     if o < 1:
         _fail(d, f"output size along {what} is {o} < 1: input {ins} + 2*padding {p} is smaller than "

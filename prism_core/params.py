@@ -17,6 +17,8 @@ import numpy as np
 from .errors import InvalidArgument
 
 _REQUIRED = object()
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Param:
             except (ValueError, TypeError):
                 raise InvalidArgument(f"{where} must be one of {[m.name for m in k]}, got {value!r}") from None
         if k is tuple:
+            if isinstance(value, (str, bytes)):
+                raise InvalidArgument(f"{where} must be a sequence of ints, got {value!r}")
             try:
                 vals = tuple(value)
             except TypeError:
@@ -61,16 +65,27 @@ class Param:
         if k is float:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise InvalidArgument(f"{where} must be a number, got {value!r}")
-            v = float(value)
+            try:
+                v = float(value)
+            except OverflowError:  # an int beyond any float
+                raise InvalidArgument(f"{where} must be a finite float32, got an int of "
+                                      f"{int(value).bit_length()} bits") from None
             if not math.isfinite(v):
                 raise InvalidArgument(f"{where} must be finite, got {v}")
-            return self._range(where, v)
+            # ggml stores float params as float32 and its kernels compute with that value: a value
+            # finite as a double but not as a float32 would be inf on one backend and not on another
+            if abs(v) > FLOAT32_MAX:
+                raise InvalidArgument(f"{where} is {v}, beyond float32's range (|x| <= {FLOAT32_MAX:.7g})")
+            return float(np.float32(self._range(where, v)))
         raise AssertionError(f"unknown param kind {k!r}")
 
     def _int(self, where: str, v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise InvalidArgument(f"{where} must be an int, got {v!r}")
-        return self._range(where, int(v))
+        v = int(v)
+        if not INT64_MIN <= v <= INT64_MAX:  # kernels index and offset with int64
+            raise InvalidArgument(f"{where} must fit in int64, got {v}")
+        return self._range(where, v)
 
     def _range(self, where: str, v: Any) -> Any:
         if self.min is not None and v < self.min:

@@ -29,10 +29,22 @@ from functools import partial
 import numpy as np
 
 from .backend import Backend
+from .context import Context
 from .errors import Unsupported
 from .graph import Graph
 from .registry import REGISTRY
-from .schedule import Fallback, refuse_read_only_writes, strict_refusal, why_not
+from .schedule import (
+    Fallback,
+    as_graph,
+    computes_nothing,
+    contexts_of,
+    flag_arg,
+    holding,
+    refuse_read_only_writes,
+    resolve_backend,
+    strict_refusal,
+    why_not,
+)
 from .tensor import Flag, Tensor
 
 ALIGN = 64
@@ -117,18 +129,30 @@ class Plan:
     arena: np.ndarray | None = None
     calls: list[Callable[[], None]] = field(default_factory=list)  # one per step, prepared
     bindings: list[tuple[Tensor, np.ndarray]] = field(default_factory=list)  # storage each tensor must have
+    contexts: list[Context] = field(default_factory=list)  # whose compute locks a compute holds
 
     @property
     def peak_bytes(self) -> int:
         return self.arena_bytes + self.protected_bytes
 
     def compute(self) -> Plan:
+        """Run every kernel. Safe from several threads: computes over one context's tensors (this
+        plan, another plan of the same graph, an eager compute) take turns on the context's lock,
+        since they share the tensors' storage and this plan's arena."""
+        if len(self.contexts) == 1:  # the usual case, without the generic context manager's cost
+            with self.contexts[0].compute_lock:
+                self._run()
+        else:
+            with holding(self.contexts):
+                self._run()
+        return self
+
+    def _run(self) -> None:
         for t, storage in self.bindings:  # another plan over the same tensors may have moved them
             if t._storage is not storage:
                 t._storage = storage
         for call in self.calls:
             call()
-        return self
 
     def release(self) -> None:
         """Give back the memory of the plan's results and arena (leaves keep theirs); the plan
@@ -173,15 +197,20 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
 
     ``keep_grads=False`` lets gradients that are not accumulators share memory once read
     (a training step whose optimizer nodes consume them needs no copy of them afterwards)."""
-    if isinstance(graph, Tensor):
-        graph = Graph(capacity=1 << 20).expand(graph)
-    be = backend if isinstance(backend, Backend) else REGISTRY.get(backend)
+    graph = as_graph(graph, "plan")
+    be = resolve_backend(backend, "plan")
+    strict, reuse, keep_grads = (flag_arg("plan", k, v) for k, v in
+                                 (("strict", strict), ("reuse", reuse), ("keep_grads", keep_grads)))
     refuse_read_only_writes(graph)
+    with holding(contexts_of(graph)):  # planning rebinds the intermediates' storage
+        return _plan(graph, be, strict, reuse, keep_grads)
+
+
+def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool) -> Plan:
     steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:
-        d = node.opdef
-        if d is None or d.view_only:
+        if computes_nothing(node):
             continue
         if be.supports(node):
             steps.append((_bound_kernel(be, node), node))
@@ -195,7 +224,7 @@ def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict:
         steps.append((_bound_kernel(reference, node), node))
         owners.append(reference)
         fallbacks.append(Fallback(node, why_not(be, node)))
-    p = Plan(graph, be, steps, fallbacks)
+    p = Plan(graph, be, steps, fallbacks, contexts=contexts_of(graph))
     _assign_memory(p, reuse, keep_grads)
     _prepare_calls(p, owners)
     return p

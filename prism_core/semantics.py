@@ -32,7 +32,8 @@ def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fas
     ``n_ctx_orig`` positions is n_dims * log(n_ctx_orig / (2 pi n_rot)) / (2 log(freq_base));
     low = max(0, floor(at beta_fast)), high = min(n_dims - 1, ceil(at beta_slow)). ``n_rot`` = 0
     gives +inf, a negative ``n_rot`` or ``n_ctx_orig`` = 0 gives -inf, and floor/ceil of an
-    infinity raise OverflowError, as in the reference (freq_base = 1 raises ZeroDivisionError)."""
+    infinity raise OverflowError (freq_base = 1 raises ZeroDivisionError): the op table refuses
+    those parameters when ext_factor != 0, the only case that uses the range."""
     def corr_dim(n_rot: float) -> float:
         if n_rot > 0 and n_ctx_orig > 0:
             return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))

@@ -2,31 +2,42 @@
 
 ``PRISM_NUM_THREADS`` is the one thread-count setting of all parallel backends; backends
 also use :func:`env_int` for their own integer settings so that a bad value is refused
-with the same clear message everywhere.
+with the same clear message everywhere. Backends read them in ``availability()``, so a
+bad value makes the backend unavailable with the message when it is selected, instead
+of failing (or crashing native code) at compute time.
 """
 
 from __future__ import annotations
 
 import os
 
+from .errors import InvalidArgument
+
 ENV_THREADS = "PRISM_NUM_THREADS"
+# ggml's own ceiling on a compute's thread count (GGML_MAX_N_THREADS in ggml.h): far more
+# than any host has cores, and far below what native thread pools survive (100000 crashed one).
+MAX_THREADS = 512
 
 
-def env_int(name: str, default: int | None, minimum: int) -> int | None:
-    """The integer in ``$name`` (``default`` when unset or empty); ValueError naming the
-    variable when it is not an integer or is below ``minimum``."""
+def env_int(name: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:
+    """The integer in ``$name`` (``default`` when unset or empty); InvalidArgument (a
+    ValueError) naming the variable when it is not an integer or lies outside
+    ``[minimum, maximum]``."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         n = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+        raise InvalidArgument(f"{name}={raw[:40]!r} is not an integer") from None
     if n < minimum:
-        raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+        raise InvalidArgument(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and n > maximum:
+        raise InvalidArgument(f"{name}={raw[:40]!r} must be at most {maximum}")
     return n
 
 
 def requested_threads() -> int | None:
-    """The thread count asked for in ``$PRISM_NUM_THREADS`` (None: all cores)."""
-    return env_int(ENV_THREADS, None, 1)
+    """The thread count asked for in ``$PRISM_NUM_THREADS`` (None: all cores), 1 to
+    :data:`MAX_THREADS`."""
+    return env_int(ENV_THREADS, None, 1, MAX_THREADS)

@@ -58,6 +58,22 @@ def nbytes_of(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> int:
     return ne[0] * nb[0] // tr.blck_size + sum((ne[i] - 1) * nb[i] for i in range(1, MAX_DIMS))
 
 
+def overlaps_itself(t: GGMLType, ne: tuple[int, ...], nb: tuple[int, ...]) -> bool:
+    """Whether two elements (blocks, for quantized types) of the layout ``ne``/``nb`` may share
+    bytes: taken from the smallest stride up, each stride must clear the span of the dims inside
+    it (a stride-0 view, a region whose rows overlap). Layouts of ggml's views pass."""
+    tr = traits(t)
+    counts = (ne[0] // tr.blck_size, *ne[1:MAX_DIMS])
+    if any(n == 0 for n in counts):
+        return False
+    span = tr.type_size
+    for stride, n in sorted((nb[i], counts[i]) for i in range(MAX_DIMS) if counts[i] > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
+
+
 def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
     """Validate extents given in ggml order (1 to 4 ints) and pad them to 4 dims."""
     try:
@@ -79,10 +95,22 @@ def check_ne(ne: Any, what: str = "ne") -> tuple[int, int, int, int]:
     return full  # type: ignore[return-value]
 
 
+def as_array(values: Any, who: str) -> np.ndarray:
+    """``np.asarray(values)``, with what NumPy cannot make an array of (ragged nested lists,
+    objects) refused as an InvalidArgument naming ``who``."""
+    try:
+        return np.asarray(values)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(f"{who}: values must form a rectangular numeric array: {e}") from None
+
+
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise InvalidArgument(f"tensor name must be str, got {type(name).__name__}")
-    n = len(name.encode("utf-8"))
+    try:
+        n = len(name.encode("utf-8"))
+    except UnicodeEncodeError as e:  # a lone surrogate has no UTF-8 form (ggml names are UTF-8 bytes)
+        raise InvalidArgument(f"tensor name {name!r} is not valid Unicode text: {e.reason} at {e.start}") from None
     if n > MAX_NAME:
         raise BoundExceeded(f"tensor name {name[:20]!r}... is {n} bytes; the bound is {MAX_NAME}")
     return name
@@ -147,8 +175,12 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims."""
-        return tuple(reversed(self.ne[: self.n_dims]))
+        """NumPy-order shape: ``reversed(ne)`` trimmed to :attr:`n_dims` dims (an empty tensor keeps
+        every dim up to its last zero extent, so the shape still holds no elements)."""
+        n = self.n_dims
+        if self.nelements == 0:
+            n = max(n, max(i for i in range(MAX_DIMS) if self.ne[i] == 0) + 1)
+        return tuple(reversed(self.ne[:n]))
 
     @property
     def nelements(self) -> int:
@@ -320,6 +352,10 @@ class Tensor:
         """A copy of the values in NumPy order with :attr:`shape`. BF16 values come back
         as float32 (NumPy has no bfloat16); block types (Q4_K, ...) as their dequantized
         float32 values; other plain types in their own dtype."""
+        copy_bytes = self.nelements * (4 if self.traits.is_quantized or self.type == BF16 else self.traits.type_size)
+        if copy_bytes > self.ctx.mem_size:  # a stride-0 view of a few bytes can stand for a huge array
+            raise BoundExceeded(f"numpy: the copy of {self.label} needs {copy_bytes} bytes, more than its "
+                                f"context's budget of {self.ctx.mem_size}; copy a smaller view of it")
         if self.traits.is_quantized:
             return to_f32(self.raw(), self.type).reshape(self.shape)
         h = self.host()
@@ -331,7 +367,7 @@ class Tensor:
         4-dim shape, or a scalar) into this tensor's memory, converting to its type (block
         types: quantized row by row with ggml's reference quantizer)."""
         self.check_writable("set")
-        arr = np.asarray(values)
+        arr = as_array(values, "set")
         full = tuple(reversed(self.ne))
         if arr.shape not in (self.shape, full, ()):
             raise ShapeMismatch(f"set: {self.label} has shape {self.shape} (NumPy order), "

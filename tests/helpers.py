@@ -69,3 +69,17 @@ def reads_block_types(case) -> bool:
     """Whether a conformance case's node reads or writes a block (quantized) type."""
     out = case.build(pc.Context(), np.random.default_rng(0)).out
     return any(t is not None and t.traits.is_quantized for t in (out, *out.src))
+
+
+def write_plugin(root, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
+    """Install plugin module ``module`` (``source``) into folder ``root`` as distribution ``dist``
+    (METADATA and entry_points.txt declaring it under ``prism.backends`` as ``entry``), the way
+    a third-party backend is installed: with ``root`` on ``sys.path``, importlib.metadata finds it."""
+    from pathlib import Path
+    root = Path(root)
+    dist = dist or f"{module.replace('_', '-')}-plugin"
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{pc.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")

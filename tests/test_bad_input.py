@@ -620,3 +620,229 @@ def test_refused_helper_detects_a_leftover_tensor(ctx, graph):
     with pytest.raises(AssertionError, match="expected exactly InvalidArgument, got ShapeMismatch"):
         with refused(InvalidArgument, "x", ctx, graph):
             raise ShapeMismatch("x")  # a subclass is not enough: the most specific class is asserted
+
+
+# ---------------------------------------------------------------- hardening (issue 18): each class a PrismError
+def _stride0_view(c):
+    """A [4, 3] view whose three rows are one row of memory (nb1 = 0)."""
+    return pc.view_2d(f32(c, 4), 4, 3, 0)
+
+
+def _rope_sections(sections):
+    def setup(c):
+        a, pos = f32(c, 2, 3, 8), i32(c, [0, 1])
+        return lambda: pc.rope_ext(a, pos, n_dims=8, sections=sections)
+    return setup
+
+
+HARDENING: list[tuple[str, Setup, type[Exception], str]] = [
+    # float params: an int no float holds, a double beyond float32 (the kernels' precision)
+    ("scale-int-beyond-float", _one_arg(M34, lambda a: pc.scale(a, 10**400)), InvalidArgument,
+     r"SCALE: parameter 's' must be a finite float32, got an int of 1329 bits"),
+    ("scale-beyond-float32", _one_arg(M34, lambda a: pc.scale(a, 3.5e38)), InvalidArgument,
+     r"SCALE: parameter 's' is 3.5e\+38, beyond float32's range"),
+    ("soft_max-scale-beyond-float32", _one_arg(M34, lambda a: pc.soft_max_ext(a, scale=-3.5e38)), InvalidArgument,
+     r"SOFT_MAX: parameter 'scale' is -3.5e\+38, beyond float32's range"),
+    ("clamp-numpy-float64-beyond-float32", _one_arg(M34, lambda a: pc.clamp(a, -1.0, np.float64(1e39))),
+     InvalidArgument, r"CLAMP: parameter 'max' is 1e\+39, beyond float32's range"),
+    # tuple params given as something else
+    ("reshape-int", _one_arg(M44, lambda a: pc.reshape(a, 16)), InvalidArgument,
+     r"RESHAPE: parameter 'ne' must be a sequence of None ints, got 16"),
+    ("reshape-str", _one_arg(M44, lambda a: pc.reshape(a, "16")), InvalidArgument,
+     r"RESHAPE: parameter 'ne' must be a sequence of ints, got '16'"),
+    ("view-nb-int", _one_arg(M44, lambda a: pc.view(a, (4,), 16)), InvalidArgument,
+     r"VIEW: parameter 'nb' must be a sequence"),
+    ("cont-ne-float", _one_arg(M44, lambda a: pc.cont(a, 16.0)), InvalidArgument,
+     r"CONT: parameter 'ne' must be a sequence"),
+    ("rope-sections-int", _rope_sections(5), InvalidArgument, r"ROPE: parameter 'sections' must be a sequence"),
+    # integer params with no bound of their own: int64, or the op's own range
+    ("acc-offset-beyond-int64", _two_args(M44, lambda c: f32(c, 2, 2), lambda a, b: pc.acc(a, b, 16, 32, 32, 2**63)),
+     InvalidArgument, r"ACC: parameter 'offset' must fit in int64, got 9223372036854775808"),
+    ("rope-negative-sections", _rope_sections((-2, 0, 0, 0)), InvalidArgument,
+     r"ROPE: parameter 'sections' must be >= 0, got -2"),
+    # layouts on which backends would disagree: decided once, in the op table
+    ("acc-region-overlaps-itself", _two_args(M44, lambda c: f32(c, 2, 2), lambda a, b: pc.acc(a, b, 0, 32, 32, 0)),
+     InvalidArgument, r"ACC: the region \(strides 4/0/32/32\) for b ne=\[2, 2, 1, 1\] overlaps itself"),
+    ("set-region-overlaps-itself", _two_args(M44, lambda c: f32(c, 3, 2), lambda a, b: pc.set_2d(a, b, 4, 0)),
+     InvalidArgument, r"SET: the region \(strides 4/4/.*\) for b ne=\[2, 3, 1, 1\] overlaps itself"),
+    ("inplace-on-stride-0-view", _one_arg(_stride0_view, pc.relu_inplace), InvalidArgument,
+     r"RELU: the result is written into .* with strides \[4, 0, 0, 0\] for ne=\[4, 3, 1, 1\], "
+     r"whose elements overlap"),
+    ("scale-inplace-on-stride-0-view", _one_arg(_stride0_view, lambda v: pc.scale_inplace(v, 2.0)), InvalidArgument,
+     r"SCALE: the result is written into .* whose elements overlap"),
+    ("cpy-into-stride-0-view", _two_args(M34, _stride0_view, pc.cpy), InvalidArgument,
+     r"CPY: the result is written into .* whose elements overlap"),
+    # builders that read an argument before the op table does
+    ("set_1d-a-not-a-tensor", _one_arg(M34, lambda b: pc.set_1d("x", b, 0)), InvalidArgument,
+     r"SET: a must be a Tensor, got str"),
+    ("cast-not-a-tensor", lambda c: lambda: pc.cast(0, "f16"), InvalidArgument, r"cast: a must be a Tensor, got int"),
+    ("view_1d-ne0-dict", _one_arg(M44, lambda a: pc.view_1d(a, {})), InvalidArgument,
+     r"VIEW: ne0 must be an int, got \{\}"),
+    ("view_2d-nb1-tuple", _one_arg(M44, lambda a: pc.view_2d(a, 4, 10**400, (4, 3))), InvalidArgument,
+     r"VIEW: nb1 must be an int, got \(4, 3\)"),
+    ("rope-a-not-a-tensor", lambda c: (lambda pos: lambda: pc.rope_ext(None, pos))(i32(c, [0])), InvalidArgument,
+     r"ROPE: a must be a Tensor, got NoneType"),
+    ("inplace-not-a-bool", _one_arg(M34, lambda a: pc.norm(a, 1e-5, "MAX")), InvalidArgument,
+     r"NORM: inplace must be a bool, got 'MAX'"),
+    # parameters whose result ggml leaves undefined: refused for every backend
+    ("rope-yarn-beta-zero", lambda c: (lambda a, pos: lambda: pc.rope_ext(a, pos, n_dims=8, ext_factor=0.5,
+                                                                          n_ctx_orig=64, beta_fast=-0.0))(
+        f32(c, 2, 3, 8), i32(c, [0, 1])), InvalidArgument, r"ROPE: YaRN \(ext_factor=0.5\) needs a finite correction"),
+    ("conv_2d-empty-input", _two_args(empty(1, 1, 1, 1), empty(0, 3, 1, 1),
+                                      lambda a, b: pc.conv_2d(a, b, 2**31 - 1, 2, 0, 0, 2, 1)), ShapeMismatch,
+     r"CONV_2D: the input is empty along dim 0"),
+    ("pool_2d-padding-beyond-input", _one_arg(empty(4, 4), lambda a: pc.pool_2d(a, "MAX", 2**31 - 1, 1, 2**31 - 1, 1,
+                                                                               2**30, 0)), InvalidArgument,
+     r"POOL_2D: padding 1073741824 along dim 0 is larger than the input's 4 elements"),
+    # zero extents the op cannot define
+    ("cross_entropy-no-classes", _two_args(empty(0, 3), empty(0, 3), pc.cross_entropy_loss), ShapeMismatch,
+     r"CROSS_ENTROPY_LOSS: a has no elements \(ne=\[0, 3, 1, 1\]\)"),
+    ("cross_entropy-no-rows", _two_args(empty(4, 0), empty(4, 0), pc.cross_entropy_loss), ShapeMismatch,
+     r"CROSS_ENTROPY_LOSS: a has no elements"),
+]
+
+
+@pytest.mark.parametrize("setup, cls, match", [c[1:] for c in HARDENING], ids=[c[0] for c in HARDENING])
+def test_hardening_refusals(ctx, graph, setup, cls, match):
+    call = setup(ctx)
+    with refused(cls, match, ctx, graph):
+        call()
+
+
+def test_a_stride_0_view_can_still_be_read(ctx):
+    """Only writing into an overlapping layout is refused: reading one broadcasts."""
+    v = _stride0_view(ctx)
+    y = pc.relu(v)
+    pc.compute(y, "numpy")
+    np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(4, dtype=np.float32), (3, 1)))
+
+
+def test_float_params_are_kept_in_float32(ctx):
+    """ggml stores float params as float32: every backend computes with the same value."""
+    y = pc.scale(f32(ctx, 2), 0.1)
+    assert y.params["s"] == float(np.float32(0.1))
+
+
+@pytest.mark.parametrize("name", ["\udc80", "ok\ud800"], ids=["lone-low-surrogate", "lone-high-surrogate"])
+def test_name_with_lone_surrogate(ctx, graph, name):
+    with refused(InvalidArgument, r"tensor name .* is not valid Unicode text: surrogates not allowed", ctx, graph):
+        ctx.new_tensor("f32", (4,), name=name)
+    t = ctx.new_tensor("f32", (4,), name="ok")
+    with refused(InvalidArgument, r"not valid Unicode text", ctx, graph):
+        t.set_name(name)
+    assert t.name == "ok"
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda g: pc.compute(5), r"compute: expected a Graph or a Tensor, got int"),
+    (lambda g: pc.compute("x"), r"compute: expected a Graph or a Tensor, got str"),
+    (lambda g: pc.plan([g]), r"plan: expected a Graph or a Tensor, got list"),
+    (lambda g: pc.reset(5), r"reset: expected a Graph, got int"),
+    (lambda g: pc.compute(g, []), r"compute: backend must be a Backend, a backend name or None, got list"),
+    (lambda g: pc.plan(g, {}), r"plan: backend must be a Backend, a backend name or None, got dict"),
+    (lambda g: pc.compute(g, 3), r"compute: backend must be .* got int"),
+    (lambda g: pc.compute(g, "numpy", strict="no"), r"compute: strict must be a bool, got 'no'"),
+    (lambda g: pc.plan(g, "numpy", reuse=0), r"plan: reuse must be a bool, got 0"),
+], ids=["compute-int", "compute-str", "plan-list", "reset-int", "compute-unhashable-backend",
+        "plan-unhashable-backend", "compute-int-backend", "compute-strict-str", "plan-reuse-int"])
+def test_compute_plan_reset_bad_arguments(ctx, graph, call, match):
+    with refused(InvalidArgument, match, ctx, graph):
+        call(graph)
+
+
+def test_build_backward_accumulators_not_a_mapping(ctx):
+    p = f32(ctx, 3).set_param()
+    g = pc.Graph().expand(pc.sum(pc.sqr(p)).set_loss())
+    with refused(InvalidArgument, r"build_backward: grad_accs must map tensors to accumulators, got int", ctx, g):
+        pc.build_backward(g, 5)
+    with refused(InvalidArgument, r"got list", ctx, g):
+        pc.build_backward(g, [p])
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda c, p: {p: p}, r"must be a leaf tensor of its own .* got <leaf"),
+    (lambda c, p: {p: pc.sqr(c.new_tensor("f32", (3,)))}, r"must be a leaf tensor of its own .* got <UNARY\(SQR\)|SQR"),
+    (lambda c, p: {p: pc.view_1d(c.new_tensor("f32", (6,)), 3, 0)}, r"must be a leaf tensor of its own"),
+    (lambda c, p: {p: pc.Context().new_tensor("f32", (3,))}, r"the accumulator of .* belongs to another context"),
+], ids=["the-parameter-itself", "a-node", "a-view", "another-context"])
+def test_build_backward_malformed_accumulators(ctx, make, match):
+    p = f32(ctx, 3).set_param()
+    g = pc.Graph().expand(pc.sum(pc.sqr(p)).set_loss())
+    accs = make(ctx, p)
+    with refused(InvalidArgument, match, ctx, g):
+        pc.build_backward(g, accs)
+
+
+def test_build_backward_one_accumulator_for_two_nodes(ctx):
+    p, q = f32(ctx, 3).set_param(), f32(ctx, 3).set_param()
+    g = pc.Graph().expand(pc.sum(pc.mul(p, q)).set_loss())
+    acc = ctx.new_tensor("f32", (3,))
+    with refused(InvalidArgument, r"one accumulator .* is given for several nodes", ctx, g):
+        pc.build_backward(g, {p: acc, q: acc})
+
+
+def test_budget_beyond_what_the_host_can_give():
+    big = pc.Context(mem_size=2**62)
+    t = big.new_tensor("f32", (2**48,))  # admitted by the budget; memory is allocated on first use
+    with pytest.raises(BoundExceeded, match=r"the host cannot allocate its 1125899906842624 bytes"):
+        t.numpy()
+    assert t._storage is None
+
+
+def test_empty_tensor_numpy_keeps_its_empty_shape(ctx):
+    for ne, shape in [((3, 0), (0, 3)), ((0, 3), (3, 0)), ((2, 1, 0), (0, 1, 2))]:
+        t = ctx.new_tensor("f32", ne)
+        assert t.numpy().shape == shape and t.numpy().size == 0
+
+
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available and b.name != "numba"])
+def test_empty_results_compute_nothing_on_every_backend(ctx, backend):
+    """An empty result is computed by no kernel (as ggml's CPU backend skips empty nodes); a
+    reduction over empty rows gives ggml's value: sum 0, argmax 0, mean 0/0 = NaN."""
+    z = empty(0, 3)(ctx)
+    outs = [pc.soft_max(z), pc.norm(z, 1e-5), pc.rms_norm(z, 1e-5), pc.argsort(z),
+            pc.repeat_back(empty(4, 0)(ctx), empty(0, 1)(ctx))]
+    rows = [pc.sum_rows(z), pc.argmax(z), pc.sum(z), pc.mean(z),
+            pc.repeat_back(empty(0, 2)(ctx), empty(3, 2)(ctx))]
+    g = pc.Graph()
+    for t in outs + rows:
+        g.expand(t)
+    pc.compute(g, backend)
+    assert all(t.numpy().size == 0 for t in outs)
+    assert rows[0].numpy().tolist() == [[0.0], [0.0], [0.0]]
+    assert rows[1].numpy().tolist() == [0, 0, 0]
+    assert rows[2].numpy().tolist() == [0.0]
+    assert np.isnan(rows[3].numpy()).all()
+    assert rows[4].numpy().tolist() == [[0.0] * 3] * 2
+
+
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available and b.name != "numba"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_flash_attention_with_no_keys_gives_zeros(ctx, backend, with_sinks):
+    """n_kv = 0: ggml's running sum S stays 0 (or is the sink's 1) and its VKQ accumulator 0, so
+    every output is 0 (S_inv = 0 when S == 0)."""
+    q = f32(ctx, 1, 2, 8)  # D = 8, n_q = 2, one head
+    k, v = empty(8, 0)(ctx), empty(6, 0)(ctx)
+    sinks = ctx.from_numpy(np.array([0.5], np.float32)) if with_sinks else None
+    y = pc.flash_attn_ext(q, k, v, sinks=sinks)
+    pc.compute(y, backend)
+    assert y.numpy().shape == (2, 1, 6) and not y.numpy().any()
+
+
+@pytest.mark.parametrize("values", [[[1, 2], [3]], [[1.0, 2.0, 3.0], [1.0, [2.0], 3.0]]], ids=["ragged", "nested"])
+def test_ragged_values_are_refused(ctx, graph, values):
+    with refused(InvalidArgument, r"from_numpy: values must form a rectangular numeric array", ctx, graph):
+        ctx.from_numpy(values)
+    t = f32(ctx, 2, 3)
+    with refused(InvalidArgument, r"set: values must form a rectangular numeric array", ctx, graph):
+        t.set(values)
+    np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_numpy_of_a_huge_stride_0_view_is_refused_before_allocating():
+    big = pc.Context(mem_size=2**40)
+    v = pc.view_4d(big.new_tensor("f32", (1,)), 1, 2**20, 2**20, 2**10, 0, 0, 0)  # 4 bytes seen 2**50 times
+    with pytest.raises(BoundExceeded, match=r"numpy: the copy of .* needs 4503599627370496 bytes, more than its "
+                                            r"context's budget of 1099511627776"):
+        v.numpy()
+    assert pc.view_2d(big.new_tensor("f32", (4,)), 4, 3, 0).numpy().shape == (3, 4)

@@ -94,19 +94,6 @@ def hand_dequant(blocks: np.ndarray, t: GT) -> np.ndarray:
     return (d * blocks[:, 4:260].view(np.int8).astype(np.float32)).reshape(-1)
 
 
-# the fp16 min fields of the asymmetric formats (value = scale * q + min part)
-OFFSET_FIELDS = {GT.Q4_1: 2, GT.Q5_1: 2, GT.Q2_K: 82, GT.Q4_K: 2, GT.Q5_K: 2}
-
-
-def without_offsets(blocks: np.ndarray, t: GT) -> np.ndarray:
-    """The blocks with their min (m / dmin) set to 0: what is left is the scale part of each value."""
-    out = blocks.copy()
-    if t in OFFSET_FIELDS:
-        off = OFFSET_FIELDS[t]
-        out.reshape(-1, _block(t)[1])[:, off:off + 2] = 0
-    return out
-
-
 def dequant(blocks: np.ndarray, t: GT) -> np.ndarray:
     if t in (GT.Q8_1, GT.Q8_K):
         return hand_dequant(blocks, t)
@@ -196,6 +183,19 @@ def test_reference_quantizers_match_gguf(cs, t):
     np.testing.assert_array_equal(c_quant(cs, x, t, mode=1), want)
 
 
+@pytest.mark.parametrize("t", (GT.Q4_K, GT.Q5_K, GT.Q6_K), ids=lambda t: t.name)
+def test_k_quantizers_match_prism_core(cs, t):
+    """ggml's searching reference quantizers in C against prism_core.quant's NumPy port (bit for bit)."""
+    from prism_core.quant import quantize
+    rng = np.random.default_rng(int(t) + 31)
+    x = np.concatenate([_rows(rng, 1024), rng.standard_normal(2048).astype(np.float32) * 3,
+                        np.zeros(256, np.float32), np.abs(rng.standard_normal(512)).astype(np.float32) + 0.5,
+                        (rng.standard_normal(4096) * np.exp(rng.uniform(-8, 8, 4096))).astype(np.float32),
+                        np.repeat(rng.standard_normal(64), 16).astype(np.float32)]).reshape(-1, 256)
+    x[5, 17] = 1e-20  # a group that is zero but for a denormal-size value
+    np.testing.assert_array_equal(c_quant(cs, x, t, mode=1), quantize(x, GGMLType(int(t))).reshape(-1, _block(t)[1]))
+
+
 def _np_q8_0_cpu(x: np.ndarray, with_sum: bool) -> np.ndarray:
     """ggml's CPU Q8_0/Q8_1 activation quantizer written out: d = amax/127, id = 127/amax, ties to even."""
     xb = x.reshape(-1, 32).astype(np.float32)
@@ -239,6 +239,23 @@ def test_activation_quantizers_as_ggml_cpu(cs):
     cpu = c_quant(cs, t, GT.Q8_0, mode=0)[0, 2:].view(np.int8)
     ref = c_quant(cs, t, GT.Q8_0, mode=1)[0, 2:].view(np.int8)
     assert (cpu[1], cpu[2]) == (2, -4) and (ref[1], ref[2]) == (3, -4)
+
+
+@pytest.mark.parametrize("at", (GT.Q8_0, GT.Q8_1, GT.Q8_K), ids=lambda t: t.name)
+def test_activation_quantizers_match_prism_core(cs, at):
+    """Against prism_core.quant.quantize_activations, written separately from the same ggml (x86) rules."""
+    from prism_core.quant import quantize_activations
+    rng = np.random.default_rng(int(at) + 21)
+    x = _rows(rng, 2048).reshape(2, 1024)
+    want = quantize_activations(x, GGMLType(int(at))).reshape(-1, _block(at)[1])
+    np.testing.assert_array_equal(c_quant(cs, x, at, mode=0), want)
+
+
+def test_vec_dot_types_are_the_traits(cs):
+    """The weight -> activation pairing these tests assume is the one the core declares (ggml's)."""
+    for t in FORMATS:
+        if t not in (GT.Q8_1, GT.Q8_K):
+            assert int(TRAITS[GGMLType(int(t))].vec_dot_type) == int(VEC_DOT[t]), t.name
 
 
 def _vec_dot(cs, wt: GT, w: np.ndarray, at: GT, a: np.ndarray, k: int, rows: int) -> np.ndarray:
@@ -298,23 +315,21 @@ def _mul_mat_case(cs, t: GT, K: int, M: int, N: int, w23, b23, nth: int, permute
         b = rng.standard_normal((b3, b2, K, N)).astype(np.float32).transpose(0, 1, 3, 2)
     else:
         b = rng.standard_normal((b3, b2, N, K)).astype(np.float32)
-    b[..., 0, :] = 0.0  # a row of zeros
+    if N > 1:
+        b[..., 0, :] = 0.0  # a row of zeros
     got = c_mul_mat(cs, t, w, (K, M, w2, w3), b, nth)
     at = VEC_DOT[t]
     bq = dequant(c_quant(cs, np.ascontiguousarray(b), at, mode=0), at).astype(np.float64).reshape(b.shape)
-    # the scale part meets b quantized to the vec_dot_type, the offset part (the asymmetric formats' mins)
-    # meets b's own values
     wf = dequant(w, t).astype(np.float64).reshape(w3, w2, M, K)
-    ws = dequant(without_offsets(w, t), t).astype(np.float64).reshape(wf.shape)
     want = np.empty((b3, b2, N, M))
     wabs = np.empty_like(want)
     for i3 in range(b3):
         for i2 in range(b2):
-            j3, j2 = i3 // (b3 // w3), i2 // (b2 // w2)
-            want[i3, i2] = bq[i3, i2] @ ws[j3, j2].T + b[i3, i2].astype(np.float64) @ (wf - ws)[j3, j2].T
-            wabs[i3, i2] = np.abs(bq[i3, i2]) @ np.abs(ws[j3, j2]).T + np.abs(b[i3, i2]) @ np.abs(wf - ws)[j3, j2].T
+            wm = wf[i3 // (b3 // w3), i2 // (b2 // w2)]
+            want[i3, i2] = bq[i3, i2] @ wm.T
+            wabs[i3, i2] = np.abs(bq[i3, i2]) @ np.abs(wm).T
     assert np.all(np.abs(got - want) <= 2e-6 * wabs + 1e-30), np.max(np.abs(got - want) / (wabs + 1e-30))
-    assert np.all(got[..., 0, :] == 0.0)
+    assert N == 1 or np.all(got[..., 0, :] == 0.0)
 
 
 PRIORITY = (GT.Q4_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.Q5_0)
@@ -325,7 +340,9 @@ PRIORITY = (GT.Q4_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.Q5_0)
 def test_mul_mat_priority_formats(cs, isa, t, nth):
     rng = np.random.default_rng(int(t) * 3 + nth)
     _mul_mat_case(cs, t, 512, 13, 7, (1, 1), (1, 1), nth, False, rng)  # odd M and N
-    _mul_mat_case(cs, t, 256, 9, 1, (1, 1), (1, 1), nth, False, rng)  # matrix-vector
+    _mul_mat_case(cs, t, 256, 9, 1, (1, 1), (1, 1), nth, False, rng)  # matrix-vector (weights read from blocks)
+    if _block(t)[0] == 32:
+        _mul_mat_case(cs, t, 96, 5, 1, (1, 1), (1, 1), nth, False, rng)  # K not a multiple of 64
     _mul_mat_case(cs, t, 256, 5, 70, (2, 1), (4, 3), nth, True, rng)  # broadcast over dims 2/3, > one tile, permuted
 
 
@@ -394,12 +411,10 @@ def test_mul_mat_id_against_float64(cs, isa, t):
     at = VEC_DOT[t]
     bq = dequant(c_quant(cs, b, at, 0), at).astype(np.float64).reshape(b.shape)
     wf = dequant(w, t).astype(np.float64).reshape(E, M, K)
-    ws = dequant(without_offsets(w, t), t).astype(np.float64).reshape(E, M, K)
     for tk in range(n_tok):
         for e in range(n_used):
-            x, bx = ids[tk, e], b[tk, e % nb1].astype(np.float64)
-            want = ws[x] @ bq[tk, e % nb1] + (wf - ws)[x] @ bx
-            scale = np.abs(ws[x]) @ np.abs(bq[tk, e % nb1]) + np.abs(wf - ws)[x] @ np.abs(bx)
+            want = wf[ids[tk, e]] @ bq[tk, e % nb1]
+            scale = np.abs(wf[ids[tk, e]]) @ np.abs(bq[tk, e % nb1])
             assert np.all(np.abs(d[tk, e] - want) <= 2e-6 * scale + 1e-30)
     bad = ids.copy()
     bad[1, 1] = E
@@ -447,8 +462,9 @@ def test_cpy_both_ways(cs, isa, t):
 def test_cpy_refuses_types_without_quantizer(cs):
     ffi, lib = cs
     x = np.zeros((1, 256), dtype=np.float32)
-    q = np.zeros((1, 144), dtype=np.uint8)
-    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q4_K, (256, 1, 1, 1)), 1, 1) == -1
+    q = np.zeros((1, 84), dtype=np.uint8)
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q2_K, (256, 1, 1, 1)), 1, 1) == -1
+    assert not q.any()
 
 
 @pytest.mark.parametrize("t", (GT.Q4_0, GT.Q8_0, GT.Q5_1), ids=lambda t: t.name)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_plugin
 
 import prism_core as pc
 from prism_core import BackendUnavailable, UnknownBackend, Unsupported
@@ -93,12 +94,7 @@ class Plugins:
     def add(self, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
         """Module ``module`` with ``source``, declared by distribution ``dist`` under
         entry-point name ``entry`` in group prism.backends."""
-        dist = dist or f"{module.replace('_', '-')}-plugin"
-        (self.root / f"{module}.py").write_text(source)
-        info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text(f"[{pc.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+        write_plugin(self.root, module, source, entry=entry, dist=dist)
         self.modules.append(module)
         pc.REGISTRY.reset()
 
@@ -233,14 +229,18 @@ def test_hook_returning_a_duplicate_name(plugins):
     assert [i.name for i in pc.backends()].count("dupe") == 1
 
 
-def test_duplicate_name_across_plugins(plugins):
+def test_duplicate_name_across_plugins_refuses_both(plugins):
     plugins.add("prism_test_dup_a", backend_source("twin", 3))
     plugins.add("prism_test_dup_b", backend_source("twin", 4))
     broken = plugins.broken("prism_test_dup_")
-    assert len(broken) == 1  # whichever came second is refused; the first keeps the name
-    assert broken[0].reason.startswith("backend name 'twin' is already registered by prism_test_dup_")
-    (twin,) = [i for i in pc.backends() if i.name == "twin"]
-    assert twin.plugin.split()[0] != broken[0].plugin.split()[0]
+    assert sorted(b.plugin for b in broken) == ["prism_test_dup_a (prism_test_dup_a)",
+                                                "prism_test_dup_b (prism_test_dup_b)"]
+    for b in broken:
+        assert b.reason == ("backend name 'twin' is claimed by several plugins (prism_test_dup_a (prism_test_dup_a), "
+                            "prism_test_dup_b (prism_test_dup_b)); all are refused until one is renamed")
+    assert "twin" not in [i.name for i in pc.backends()]
+    with pytest.raises(UnknownBackend, match="no backend named 'twin'"):
+        pc.backend("twin")
 
 
 def test_malformed_backend_name_and_priority(plugins):
@@ -440,3 +440,143 @@ def test_normal_registry_after_reset():
     pc.REGISTRY.reset()
     assert "numpy" in [i.name for i in pc.backends()]
     assert pc.REGISTRY.reference().name == "numpy"
+
+
+# ---------------------------------------------------------------- the reference cannot be replaced
+IMPOSTOR = '''
+import prism_core as pc
+
+
+def _sub(node):  # "ADD" that subtracts: a result no one must ever certify against
+    node.host()[...] = node.src[0].host() - node.src[1].host()
+
+
+class Impostor(pc.Backend):
+    name = {name!r}
+    priority = 1000
+    is_reference = {ref!r}
+    kernels = {{"ADD": _sub}}
+
+
+@pc.hookimpl
+def prism_register_backends():
+    return [Impostor()]
+'''
+
+
+def _assert_real_reference():
+    ref = pc.REGISTRY.reference()
+    assert type(ref).__module__ == "prism_numpy" and pc.backend("numpy") is ref
+    ctx = pc.Context()
+    a, b = f32(ctx, [1, 2]), f32(ctx, [10, 20])
+    s = pc.add(a, b)
+    assert pc.compute(s, "numpy").backend == "numpy"
+    np.testing.assert_array_equal(s.numpy(), [11, 22])
+
+
+@pytest.mark.parametrize("order", ["found", "reversed"])
+@pytest.mark.parametrize("dist", ["numpy-impostor", "prism-tensor"])
+def test_a_third_party_numpy_backend_is_refused_whatever_the_order(plugins, monkeypatch, order, dist):
+    # tmp_path is first on sys.path; "prism-tensor": the impostor even takes this distribution's name
+    plugins.add("prism_test_impostor", IMPOSTOR.format(name="numpy", ref=True), entry="numpy", dist=dist)
+    if order == "reversed":
+        found = pc.registry.entry_points
+        monkeypatch.setattr(pc.registry, "entry_points", lambda **kw: list(reversed(found(**kw))))
+    (broken,) = plugins.broken("prism_test_impostor")
+    assert broken.reason == ("backend name 'numpy' is reserved for the reference backend shipped with "
+                             "prism-tensor; refused")
+    assert [i.name for i in pc.backends()] == ["numpy"]
+    _assert_real_reference()
+    assert pc.backend().name == "numpy"  # priority 1000 did not make it the default either
+
+
+def test_prism_info_lists_the_impostor_as_broken(plugins, capsys):
+    from prism_core.cli import main as cli
+    plugins.add("prism_test_impostor_info", IMPOSTOR.format(name="numpy", ref=True), entry="numpy")
+    assert cli(["info"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("numpy ") and "priority=" in ln]
+    assert "[reference," in line and line.rstrip().endswith("from numpy (prism_numpy)")
+    assert ("broken plugins (1), skipped:\n  numpy (prism_test_impostor_info): backend name 'numpy' is reserved "
+            "for the reference backend shipped with prism-tensor; refused") in out
+
+
+def test_a_third_party_claiming_to_be_the_reference_is_refused(plugins):
+    plugins.add("prism_test_claims_ref", IMPOSTOR.format(name="truth", ref=True))
+    (broken,) = plugins.broken("prism_test_claims_ref")
+    assert broken.reason == ("backend 'truth' claims to be the reference (is_reference=True), which is for the "
+                             "reference backend shipped with prism-tensor; refused")
+    assert "truth" not in [i.name for i in pc.backends()]
+    _assert_real_reference()
+
+
+def test_a_built_in_name_stays_the_built_in(plugins):
+    plugins.modules.append("prism_numba")  # make the built-in numba entry point visible to this test
+    plugins.add("prism_test_fake_numba", IMPOSTOR.format(name="numba", ref=False), entry="numba")
+    (broken,) = plugins.broken("prism_test_fake_numba")
+    assert broken.reason == "backend name 'numba' is already registered by numba (prism_numba), prism-tensor's own"
+    info = plugins.info("numba")
+    assert type(info.backend).__module__ == "prism_numba" and info.plugin == "numba (prism_numba)"
+
+
+# ---------------------------------------------------------------- hook implementations are validated
+@pytest.mark.parametrize("source, reason", [
+    ("import prism_core as pc\nVERSION = 1\n",
+     "implements no hook of the prism interface (expected prism_register_backends)"),
+    ("import prism_core as pc\n\n\ndef prism_register_backend():\n    return []\n",
+     "implements no hook of the prism interface (expected prism_register_backends); "
+     "'prism_register_backend' looks like a misspelling"),
+    ("import prism_core as pc\n\n\ndef prism_register_backends():\n    return []\n",
+     "prism_register_backends is not marked with @prism_core.hookimpl"),
+    ("import prism_core as pc\n\n\n@pc.hookimpl\ndef prism_registre_backends():\n    return []\n",
+     "implements 'prism_registre_backends', which is no hook of the prism interface "
+     "(hooks: prism_register_backends)"),
+], ids=["no-hook", "misspelled-unmarked", "unmarked", "misspelled-marked"])
+def test_a_plugin_without_a_valid_hook_is_listed_as_broken(plugins, source, reason):
+    plugins.add("prism_test_nohook", source)
+    (broken,) = plugins.broken("prism_test_nohook")
+    assert broken.reason == reason
+    assert [i.name for i in pc.backends()] == ["numpy"]
+
+
+# ---------------------------------------------------------------- availability is asked lazily
+LAZY = '''
+import prism_core as pc
+
+ASKED = []
+
+
+def _make(n, p):
+    class B(pc.Backend):
+        name = n
+        priority = p
+
+        def availability(self):
+            ASKED.append(self.name)
+            return True, ""
+    return B()
+
+
+@pc.hookimpl
+def prism_register_backends():
+    return [_make("lazy_low", 1), _make("lazy_high", 90)]
+'''
+
+
+def test_selecting_one_backend_asks_only_that_one_and_caches(plugins):
+    plugins.add("prism_test_lazy", LAZY)
+    assert pc.REGISTRY.names() == ["lazy_high", "numpy", "lazy_low"]
+    asked = sys.modules["prism_test_lazy"].ASKED
+    assert asked == []  # discovery alone asks no one
+    assert pc.backend("numpy").name == "numpy" and pc.REGISTRY.reference().name == "numpy"
+    assert asked == []
+    assert pc.backend("lazy_low").name == "lazy_low"
+    assert pc.backend("lazy_low").name == "lazy_low"
+    assert asked == ["lazy_low"]  # once, then cached
+    assert pc.backend().name == "lazy_high"  # the default asks best first and stops at the first available
+    assert asked == ["lazy_low", "lazy_high"]
+    pc.backends()  # listing everything asks the rest (here: no one is left), each once
+    assert asked == ["lazy_low", "lazy_high"]
+    pc.REGISTRY.reset()  # a reset forgets the cache
+    plugins.info("lazy_low")
+    assert asked[-1] == "lazy_low"

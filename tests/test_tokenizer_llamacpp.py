@@ -158,18 +158,54 @@ def _source_patterns(src: str, anchor: str) -> tuple[str, ...]:
                  for p in re.findall(r'"((?:[^"\\]|\\.)*)"', body))
 
 
+# PRE_STEPS name -> the llama.cpp switch label its patterns follow
+_PRE_CASES = {"default": "default:\n                // default regex", "llama3": "LLAMA3",
+              "deepseek-llm": "DEEPSEEK_LLM",
+              "deepseek-coder": "DEEPSEEK_CODER", "falcon": "FALCON", "starcoder": "STARCODER", "gpt2": "GPT2",
+              "qwen2": "QWEN2", "qwen35": "QWEN35", "gemma4": "GEMMA4", "poro": "PORO", "viking": "VIKING",
+              "ufakzeka": "UFAKZEKA", "seed-coder": "SEED_CODER", "laguna": "LAGUNA", "minicpm5": "MINICPM5",
+              "bailingmoe": "BAILINGMOE", "jais-2": "JAIS2", "gpt-4o": "GPT4O", "tekken": "TEKKEN",
+              "sarvam-moe": "SARVAM_MOE"}
+
+
 def test_pre_tokenizer_patterns_are_llama_cpps():
-    """The std::regex patterns carried over as data are character for character llama.cpp's."""
-    from prism_core.tokenizer.pretokenize import PRE_STEPS
+    """Every step list is character for character llama.cpp's patterns (hand-written splitters
+    standing for the pattern text llama.cpp selects them by)."""
+    from prism_core.tokenizer.pretokenize import CUSTOM_SOURCE, PRE_STEPS
 
     src = (llama_cpp() / "src" / "llama-vocab.cpp").read_text(encoding="utf-8")
-    for ours, anchor in (("default", "default:\n                // default regex"),
-                         ("deepseek-llm", "case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM:"),
-                         ("deepseek-coder", "case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_CODER:"),
-                         ("falcon", "case LLAMA_VOCAB_PRE_TYPE_FALCON:"),
-                         ("starcoder", "case LLAMA_VOCAB_PRE_TYPE_STARCODER:"),
-                         ("gpt2", "case LLAMA_VOCAB_PRE_TYPE_GPT2:")):
-        assert PRE_STEPS[ours] == _source_patterns(src, anchor), ours
+    assert sorted(_PRE_CASES) == sorted(PRE_STEPS)
+    for ours, case in _PRE_CASES.items():
+        anchor = case if case.startswith("default") else f"case LLAMA_VOCAB_PRE_TYPE_{case}:"
+        steps = tuple(CUSTOM_SOURCE.get(s, s) for s in PRE_STEPS[ours])
+        assert steps == _source_patterns(src, anchor), ours
+
+
+def test_pre_tokenizer_names_are_llama_cpps():
+    """Each tokenizer.ggml.pre value gets the patterns and options llama.cpp's loader gives it."""
+    from prism_core.tokenizer.pretokenize import CUSTOM_SOURCE, NOT_PORTED, PRE_STEPS, PRE_TYPES
+
+    src = (llama_cpp() / "src" / "llama-vocab.cpp").read_text(encoding="utf-8")
+    start = src.index('} else if (tokenizer_pre == "default")')
+    chain = src[start:src.index("unknown pre-tokenizer type", start)]
+    flags = {"clean_spaces": "clean_spaces = false", "ignore_merges": "ignore_merges = true",
+             "add_bos": "add_bos = true", "add_sep": "add_sep = true",
+             "escape_whitespaces": "escape_whitespaces = true"}
+    seen = set()
+    assert set(re.findall(r'tokenizer_pre == "([^"]+)"', chain)) == set(PRE_TYPES) | NOT_PORTED
+    for branch in chain.split("} else if (")[1:]:
+        names = re.findall(r'tokenizer_pre == "([^"]+)"', branch)
+        label = re.search(r"pre_type = LLAMA_VOCAB_PRE_TYPE_(\w+);", branch).group(1)
+        for name in names:
+            if name not in PRE_TYPES:
+                continue
+            seen.add(name)
+            steps, opts = PRE_TYPES[name]
+            anchor = _PRE_CASES["default"] if label == "DEFAULT" else f"case LLAMA_VOCAB_PRE_TYPE_{label}:"
+            assert tuple(CUSTOM_SOURCE.get(x, x) for x in PRE_STEPS[steps]) == _source_patterns(src, anchor), name
+            for flag, text in flags.items():
+                assert (flag in opts) == (text in branch), (name, flag)
+    assert seen == set(PRE_TYPES)  # no name of ours that llama.cpp does not know
 
 
 def test_unicode_tables_are_llama_cpps(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 import prism_core as pc
 from prism_core import train
-from prism_core.errors import InvalidArgument, ShapeMismatch, TypeMismatch
+from prism_core.errors import InvalidArgument, PrismWarning, ShapeMismatch, TypeMismatch
 from prism_core.train.progress import bar, hms
 
 BACKEND = "numpy"
@@ -106,8 +106,6 @@ def test_dataset_partial_shuffle_and_opt_context_rng():
 
 
 def test_dataset_errors():
-    with pytest.raises(InvalidArgument, match="multiple of ndata_shard"):
-        train.Dataset(3, 1, 10, 4)
     with pytest.raises(InvalidArgument, match="ne_datapoint"):
         train.Dataset(0, 1, 10)
     with pytest.raises(InvalidArgument, match="ndata"):
@@ -540,3 +538,73 @@ def test_fit_shuffles_like_ggml_opt_fit():
     assert ds.permutation.tolist() == p and p[24:] == val_points
     assert res.result_train.ndata == 24 and res.result_val.ndata == 8
     assert res.opt_ctx.iter == 1 + 2 * 3 and res.opt_ctx.opt_period == 2
+
+
+# ------------------------------------------------------------------ input checks (issue 18)
+def test_partial_trailing_shard_is_accepted_unused_and_named():
+    """ggml's dataset: nshards = ndata / ndata_shard (truncated), shard bytes = nbytes * shard / ndata,
+    so points past the last whole shard are never copied into a batch."""
+    data = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    labels = np.arange(10 * 2, dtype=np.float32).reshape(10, 2)
+    with pytest.warns(PrismWarning, match=r"datapoints 8..9 \(2 of them\) form a partial shard that no batch uses"):
+        ds = train.Dataset.from_numpy(data, labels, 4)
+    assert ds.nshards == 2 and ds.nbs_data == 4 * 3 * 4
+    ctx = pc.Context()
+    xb, yb = ctx.new_tensor(pc.F32, (3, 8)), ctx.new_tensor(pc.F32, (2, 8))
+    ds.get_batch(xb, yb, 0)
+    np.testing.assert_array_equal(xb.numpy(), data[:8])
+    np.testing.assert_array_equal(yb.numpy(), labels[:8])
+    ds.permutation[:] = [1, 0]
+    ds.get_batch(xb, yb, 0)
+    np.testing.assert_array_equal(xb.numpy(), np.concatenate([data[4:8], data[0:4]]))
+    with pytest.raises(InvalidArgument, match="past the end"):
+        ds.get_batch(ctx.new_tensor(pc.F32, (3, 4)), ctx.new_tensor(pc.F32, (2, 4)), 2)
+    with pytest.warns(PrismWarning, match=r"datapoint 6 \(1 of them\)"):
+        train.Dataset(3, 1, 7, 2)
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    (lambda X, Y: Y.__setitem__((5, 0), -0.5), r"labels of datapoint 5 are not a probability distribution: -0.5 < 0"),
+    (lambda X, Y: Y.__setitem__((7, 1), np.nan), r"labels of datapoint 7 holds NaN or infinity"),
+    (lambda X, Y: Y.__setitem__(11, [0.5, 0.25, 0.0]), r"labels of datapoint 11 sum to 0.75, not 1"),
+    (lambda X, Y: X.__setitem__((3, 2), np.inf), r"data of datapoint 3 holds NaN or infinity \(1 datapoints do\)"),
+], ids=["negative-label", "nan-label", "labels-not-summing-to-1", "infinite-data"])
+def test_fit_refuses_data_the_loss_cannot_use(corrupt, match):
+    X, Y = _blobs(n=96)
+    X, Y = X.astype(np.float32).copy(), Y.astype(np.float32).copy()
+    corrupt(X, Y)
+    ctx, x, out, _ = mlp(8, "cross_entropy", "sgd")
+    before = (len(ctx.tensors), ctx.used)
+    with pytest.raises(InvalidArgument, match=match):
+        train.fit(ctx, x, out, train.Dataset.from_numpy(X, Y), "cross_entropy", "sgd", nepoch=1, backend=BACKEND)
+    assert (len(ctx.tensors), ctx.used) == before
+    if "data of" not in match:  # the documented switch: unchecked, the same data trains (to whatever end)
+        ctx, x, out, _ = mlp(8, "cross_entropy", "sgd")
+        train.fit(ctx, x, out, train.Dataset.from_numpy(X, Y), "cross_entropy", "sgd", nepoch=1, backend=BACKEND,
+                  check_data=False)
+
+
+def test_non_probability_labels_are_fine_for_other_losses():
+    ds = train.Dataset.from_numpy(np.ones((4, 2), np.float32), np.full((4, 3), -2.0, np.float32))
+    ds.check(probabilities=False)
+    with pytest.raises(InvalidArgument, match="datapoint 0 are not a probability"):
+        ds.check(probabilities=True)
+
+
+@pytest.mark.parametrize("how", ["callback-raises", "datapoint-width", "labels-missing"])
+def test_a_fit_failing_on_its_first_batch_leaves_no_orphan_tensors(how):
+    X, Y = _blobs(n=96)
+    ctx, x, out, _ = mlp(8, "cross_entropy", "sgd")
+    before = (list(ctx.tensors), ctx.used, x.flags, out.flags)
+
+    def boom(*args):
+        raise RuntimeError("stop after the first batch")
+
+    data = {"callback-raises": (X, Y), "datapoint-width": (np.zeros((96, 5), np.float32), Y),
+            "labels-missing": (X,)}[how]
+    with pytest.raises((RuntimeError, InvalidArgument, ShapeMismatch)):
+        train.fit(ctx, x, out, train.Dataset.from_numpy(*data), "cross_entropy", "sgd", nepoch=1, backend=BACKEND,
+                  callback=boom)
+    assert (list(ctx.tensors), ctx.used, x.flags, out.flags) == before
+    res = train.fit(ctx, x, out, train.Dataset.from_numpy(X, Y), "cross_entropy", "sgd", nepoch=1, backend=BACKEND)
+    assert res.history  # the same context trains afterwards

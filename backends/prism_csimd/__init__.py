@@ -31,7 +31,7 @@ from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, TABLE
-from .kernels_quant import dense_rows_refusal
+from .kernels_quant import dense_rows_refusal, quantizer_refusal
 from .kernels_rope import rope_supported
 
 ENV_ISA = "PRISM_CSIMD_ISA"
@@ -173,6 +173,9 @@ class CsimdBackend(prism_core.Backend):
         if "lib" not in _k._state:
             return "the C extension is not loaded"
         refused = TABLE.refusal(node)
+        if refused:
+            return refused
+        refused = quantizer_refusal(node)
         if refused:
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]

@@ -5,7 +5,7 @@ registered again with its block types added to the accepted ones, and calls the 
 for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QBASE + ggml id``
 (rows of whole blocks, ``nb[0]`` the block's bytes), validated like every other view.
 
-* MUL_MAT / MUL_MAT_ID: b's rows are quantized once to the weight's ``vec_dot_type`` as ggml's CPU
+* MUL_MAT / MUL_MAT_ID: b's rows are quantized once to the weight's ``vec_dot_type`` (its traits) as ggml's CPU
   backend does (Q8_0/Q8_1 with ties to even, Q8_K), then integer dot products; results differ
   from the reference's exact dequantized product by that rounding (within the op's nmse bound).
 * GET_ROWS, CPY/DUP/CONT to F32: dequantized exactly as gguf.quants (bit for bit).
@@ -19,7 +19,7 @@ from __future__ import annotations
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
-from prism_core.types import F32, GGMLType
+from prism_core.types import F32, GGMLType, traits
 
 from . import kernels as _k
 from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc, kernel
@@ -28,14 +28,23 @@ G = GGMLType
 QBASE = 64  # csrc/csimd.h: CSIMD_QBASE
 REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: its CPU from_float)
 
-# ggml's CPU type traits: the type a weight format's dot product wants its activations in
-VEC_DOT_TYPE = {t: G.Q8_K for t in QUANTIZED}
-VEC_DOT_TYPE.update({G.Q4_0: G.Q8_0, G.Q5_0: G.Q8_0, G.Q8_0: G.Q8_0, G.IQ4_NL: G.Q8_0, G.MXFP4: G.Q8_0,
-                     G.Q4_1: G.Q8_1, G.Q5_1: G.Q8_1})
-
+# block types csrc/csimd_quant.h can write (ggml's reference quantizers): the op table's others (the
+# K-quants' and IQ4's searching quantizers) are refused here and computed by the reference
+C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0, G.Q4_K, G.Q5_K, G.Q6_K})
+C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
 
 def is_block(t: Tensor) -> bool:
     return t.traits.is_quantized
+
+
+def quantizer_refusal(node: Tensor) -> str:
+    """Why csimd cannot write node's block type ("" when it can): quantizing needs a C quantizer (a copy
+    between tensors of one block type moves blocks and needs none)."""
+    if is_block(node) and node.type not in C_QUANTIZERS and any(
+            s is not None and s.type != node.type for s in node.src):
+        return f"no C quantizer for {node.traits.name} (csimd has ggml's reference ones for " \
+               f"{', '.join(sorted(traits(t).name for t in C_QUANTIZERS))})"
+    return ""
 
 
 def dense_rows_refusal(t: Tensor) -> str:
@@ -51,7 +60,7 @@ def _mul_mat(n: Tensor) -> None:
     if not is_block(a):
         return _k._mul_mat(n)
     keep: list = []
-    _check(_lib().csimd_q_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(VEC_DOT_TYPE[a.type]),
+    _check(_lib().csimd_q_mul_mat(desc(a, keep), desc(b, keep), desc(n, keep), int(a.traits.vec_dot_type),
                                   int(_state.get("threads", 1))), "MUL_MAT")
 
 
@@ -65,7 +74,7 @@ def _mul_mat_id(n: Tensor) -> None:
     if idx.size and (idx.min() < 0 or idx.max() >= w.ne[2]):
         raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
     _check(_lib().csimd_q_mul_mat_id(desc(w, keep), desc(b, keep), desc(ids, keep), desc(n, keep),
-                                     int(VEC_DOT_TYPE[w.type]), _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
+                                     int(w.traits.vec_dot_type), _nth(n.nelements * w.ne[0])), "MUL_MAT_ID")
 
 
 @kernel((FLOATS | INDICES | QUANTIZED, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
@@ -90,7 +99,7 @@ def _cpy(n: Tensor) -> None:
     _check(_lib().csimd_q_cpy(desc(a, keep), desc(n, keep), REFERENCE, _nth(n.nelements)), n.opdef.key)
 
 
-@kernel((frozenset({F32, _k.F16}), frozenset({_k.I32, _k.I64}), FLOATS | QUANT_WRITABLE), FLOATS | QUANT_WRITABLE,
+@kernel((frozenset({F32, _k.F16}), frozenset({_k.I32, _k.I64}), FLOATS | C_WRITABLE), FLOATS | C_WRITABLE,
         "SET_ROWS", reads_values=True)
 def _set_rows(n: Tensor) -> None:
     if not is_block(n):
@@ -116,7 +125,7 @@ def _out_prod(n: Tensor) -> None:
            "OUT_PROD")
 
 
-@kernel((FLOATS | QUANT_WRITABLE, FLOATS), FLOATS | QUANT_WRITABLE, "ADD")
+@kernel((FLOATS | C_WRITABLE, FLOATS), FLOATS | C_WRITABLE, "ADD")
 def _add(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
     if not is_block(a):

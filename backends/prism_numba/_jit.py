@@ -151,7 +151,9 @@ def _sigmoid(x):
 
 @njit(**_OPTS)
 def _clip01(x):
-    return min(max(x, 0.0), 1.0)
+    """fminf(1, fmaxf(0, x)) as ggml's HARDSIGMOID: NaN gives 0."""
+    x = x if x > 0.0 else 0.0
+    return x if x < 1.0 else 1.0
 
 
 @njit(inline="always", **_OPTS)
@@ -160,7 +162,7 @@ def unary_value(op, x, p0, p1, p2, p3):
     if op == 0:  # ABS
         return abs(x)
     if op == 1:  # SGN
-        return 1.0 if x > 0 else (-1.0 if x < 0 else x * 0.0)
+        return 1.0 if x > 0 else (-1.0 if x < 0 else 0.0)  # ggml: NaN and -0.0 give +0.0
     if op == 2:  # NEG
         return -x
     if op == 3:  # STEP
@@ -170,7 +172,7 @@ def unary_value(op, x, p0, p1, p2, p3):
     if op == 5:  # ELU
         return x if x > 0 else np.expm1(x)
     if op == 6:  # RELU
-        return x if (x > 0 or x != x) else 0.0
+        return x if x > 0 else 0.0  # ggml: NaN and -0.0 give +0.0
     if op == 7:  # SIGMOID
         return _sigmoid(x)
     if op == 8:  # GELU (tanh approximation)
@@ -210,12 +212,13 @@ def unary_value(op, x, p0, p1, p2, p3):
         return np.sin(x)
     if op == 25:  # COS
         return np.cos(x)
-    if op == 26:  # SCALE: x * s + b
-        return x * p0 + p1
-    if op == 27:  # CLAMP
-        return min(max(x, p0), p1)
-    if op == 28:  # LEAKY_RELU
-        return max(x, 0.0) + p0 * min(x, 0.0)
+    if op == 26:  # SCALE: x * s + b; ggml skips a zero bias, so -0.0 * s keeps its sign
+        return x * p0 if p1 == 0.0 else x * p0 + p1
+    if op == 27:  # CLAMP: ggml's MAX(MIN(x, max), min), NaN giving max
+        m = x if x < p1 else p1
+        return m if m > p0 else p0
+    if op == 28:  # LEAKY_RELU: NaN and -0.0 give +0.0, as ggml
+        return x if x > 0 else (0.0 + p0 * x if x < 0 else 0.0)
     if op == 29:  # XIELU: p0 = an, p1 = ap, p2 = beta, p3 = eps
         if x > 0:
             return p1 * x * x + p2 * x
@@ -383,20 +386,18 @@ def reduce_all(x, lx, y, ly, o, kind, mode):
 
 @njit(parallel=True, **_OPTS)
 def argmax(x, o):
-    """o[0, 0, 0, i1] = index of row i1's maximum (the last one on ties; the last NaN if any)."""
+    """o[0, 0, 0, i1] = index of row i1's maximum by ggml's loop (max = MAX(max, v); if max == v,
+    take the index): the last one on ties; a NaN resets the running max to the next element."""
     n1, n0 = x.shape[2], x.shape[3]
     for i1 in prange(n1):
         best = 0
         mx = -np.inf
-        nan_at = -1
         for i0 in range(n0):
             v = x[0, 0, i1, i0]
-            if v != v:
-                nan_at = i0
-            elif v >= mx:
-                mx = v
+            mx = mx if mx > v else v
+            if mx == v:
                 best = i0
-        o[0, 0, 0, i1] = nan_at if nan_at >= 0 else best
+        o[0, 0, 0, i1] = best
 
 
 @njit(parallel=True, **_OPTS)
@@ -479,7 +480,8 @@ def rows(x, lx, y, ly, o, kind, op, p0):
             for i0 in range(n0):
                 c = ld(x, lx, i3, i2, i1, i0)
                 ss += c * c
-            den = max(np.sqrt(ss), p0)
+            den = np.sqrt(ss)
+            den = den if den > p0 else p0  # fmaxf(norm, eps), as ggml: a NaN norm gives eps
             for i0 in range(n0):
                 st(o, kind, i3, i2, i1, i0, ld(x, lx, i3, i2, i1, i0) / den)
         else:
@@ -505,9 +507,9 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
         j2 = i2 % m2
         mx = -np.inf
         for i0 in range(n0):
-            v = np.float64(x[i3, i2, i1, i0]) * scale
+            v = np.float64(np.float32(np.float64(x[i3, i2, i1, i0]) * scale))  # float32, as ggml
             if has_mask:
-                v += slope * ld(mask, lm, j3, j2, i1, i0)
+                v = np.float64(np.float32(v + slope * ld(mask, lm, j3, j2, i1, i0)))
             if v > mx:
                 mx = v
         sk = 0.0
@@ -518,9 +520,9 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
         e = np.empty(n0, np.float64)  # the row's exponentials, so each is computed once
         den = 0.0
         for i0 in range(n0):
-            v = np.float64(x[i3, i2, i1, i0]) * scale
+            v = np.float64(np.float32(np.float64(x[i3, i2, i1, i0]) * scale))  # float32, as ggml
             if has_mask:
-                v += slope * ld(mask, lm, j3, j2, i1, i0)
+                v = np.float64(np.float32(v + slope * ld(mask, lm, j3, j2, i1, i0)))
             e[i0] = np.exp(v - mx)
             den += e[i0]
         if has_sinks:
@@ -614,8 +616,9 @@ def glu(a, la, b, lb, o, kind, op, split, swapped, alpha, limit):
             else:
                 g = ld(b, lb, i3, i2, i1, i0)
             if op < 0:
-                xc = min(x, limit)
-                v = xc * _sigmoid(alpha * xc) * (min(max(g, -limit), limit) + 1.0)
+                xc = limit if limit < x else x  # std::min(x, limit): NaN stays NaN
+                gc = -limit if g < -limit else (limit if limit < g else g)  # std::clamp
+                v = xc * _sigmoid(alpha * xc) * (gc + 1.0)
             else:
                 v = unary_value(op, x, 0.0, 0.0, 0.0, 0.0) * g
             st(o, kind, i3, i2, i1, i0, v)

@@ -83,7 +83,7 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
             s = 0.0
             for d in range(nd):
                 s += qrow[d] * ld(k, lk, b, kh, j, d)
-            s *= scale
+            s = np.float64(np.float32(s * scale))  # ggml scales the score in float32
             if softcap != 0.0:
                 s = softcap * np.tanh(s / softcap)
             if has_mask:
@@ -263,7 +263,7 @@ def pool(x, lx, o, is_max, is_1d, k0, k1, s0, s1, p0, p1):
         i2 = t % n2
         i3 = t // n2
         for ow in range(ow_n):
-            res = -np.inf if is_1d else -FLT_MAX
+            res = -FLT_MAX
             total = 0.0
             cnt = 0
             for ky in range(k1):
@@ -276,15 +276,12 @@ def pool(x, lx, o, is_max, is_1d, k0, k1, s0, s1, p0, p1):
                         continue
                     v = ld(x, lx, i3, i2, y, xx)
                     if is_max:
-                        if v > res or v != v:
-                            if res == res:
-                                res = v
+                        if not v < res:  # ggml's std::max(v, res): a NaN tap replaces res, the next the NaN
+                            res = v
                     else:
                         total += v
                         cnt += 1
             if is_max:
-                if is_1d and res < -FLT_MAX:
-                    res = -FLT_MAX
                 o[i3, i2, oh, ow] = res
             elif is_1d:
                 o[i3, i2, oh, ow] = total / cnt

@@ -268,12 +268,12 @@ def rows_fast(x, o, op, p0):
         else:
             mx = -np.inf
             for i in range(n0):
-                v = np.float64(xr[i]) * p0
+                v = np.float64(np.float32(np.float64(xr[i]) * p0))  # scaled in float32, as ggml
                 if v > mx or v != v:
                     mx = v
             e = np.empty(n0, np.float64)
             for i in range(n0):
-                e[i] = exp_v(np.float64(xr[i]) * p0 - mx)
+                e[i] = exp_v(np.float64(np.float32(np.float64(xr[i]) * p0)) - mx)
             s0 = s1 = s2 = s3 = 0.0
             for i in range(0, n4, 4):
                 s0 += e[i]

@@ -56,6 +56,12 @@ def elements(t: Tensor) -> np.ndarray:
     return t.raw() if t.traits.is_quantized else t.host()
 
 
+def f32_round(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to float32 and back: where ggml keeps an intermediate in float32 and its
+    overflow to inf (not the double's finite value) decides the result."""
+    return x.astype(np.float32).astype(np.float64)
+
+
 def tile_to(b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """ggml's modulo broadcast: b repeated along each dim until it has ``shape``."""
     if 0 in shape:
@@ -132,7 +138,23 @@ def _set(n: Tensor) -> None:
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    """C's roundf: half away from zero, the sign kept (-0.4 and -0.0 give -0.0)."""
+    return np.copysign(np.floor(np.abs(x) + 0.5), x)
+
+
+# Where IEEE leaves a choice (NaN, -0.0), the reference follows ggml's CPU expressions:
+# a comparison with NaN is false, so "x > 0 ? x : 0" maps NaN and -0.0 to +0.0, and
+# fminf/fmaxf return their non-NaN operand.
+def _sgn(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, 1.0, np.where(x < 0, -1.0, 0.0))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, 0.0)
+
+
+def _hardsigmoid(x: np.ndarray) -> np.ndarray:
+    return np.fmin(1.0, np.fmax(0.0, (x + 3) / 6))
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -161,13 +183,13 @@ def _xielu(x: np.ndarray, p) -> np.ndarray:
 
 U = UnaryOp
 _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    U.ABS.name: np.abs, U.SGN.name: np.sign, U.NEG.name: np.negative,
+    U.ABS.name: np.abs, U.SGN.name: _sgn, U.NEG.name: np.negative,
     U.STEP.name: lambda x: (x > 0).astype(np.float64), U.TANH.name: np.tanh,
-    U.ELU.name: lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
-    U.RELU.name: lambda x: np.maximum(x, 0), U.SIGMOID.name: _sigmoid, U.GELU.name: _gelu,
+    U.ELU.name: lambda x: np.where(x > 0, x, np.expm1(np.where(x > 0, 0.0, x))),
+    U.RELU.name: _relu, U.SIGMOID.name: _sigmoid, U.GELU.name: _gelu,
     U.GELU_QUICK.name: lambda x: x * _sigmoid(1.702 * x), U.SILU.name: lambda x: x * _sigmoid(x),
-    U.HARDSWISH.name: lambda x: x * np.clip((x + 3) / 6, 0, 1),
-    U.HARDSIGMOID.name: lambda x: np.clip((x + 3) / 6, 0, 1),
+    U.HARDSWISH.name: lambda x: x * _hardsigmoid(x),
+    U.HARDSIGMOID.name: _hardsigmoid,
     U.EXP.name: np.exp, U.EXPM1.name: np.expm1, U.SOFTPLUS.name: _softplus,
     U.GELU_ERF.name: lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64)),
     U.FLOOR.name: np.floor, U.CEIL.name: np.ceil, U.ROUND.name: _round_half_away, U.TRUNC.name: np.trunc,
@@ -189,18 +211,22 @@ def _xielu_kernel(n: Tensor) -> None:
 
 @kernel("SCALE")
 def _scale(n: Tensor) -> None:
-    store(n, val(n.src[0]) * n.params["s"] + n.params["b"])
+    x, b = val(n.src[0]) * n.params["s"], n.params["b"]
+    store(n, x if b == 0 else x + b)  # ggml skips a zero bias, so -0.0 * s keeps its sign
 
 
 @kernel("CLAMP")
 def _clamp(n: Tensor) -> None:
-    store(n, np.clip(val(n.src[0]), n.params["min"], n.params["max"]))
+    lo, hi = n.params["min"], n.params["max"]
+    x = val(n.src[0])
+    x = np.where(x < hi, x, hi)  # ggml's MAX(MIN(x, max), min): NaN becomes max
+    store(n, np.where(x > lo, x, lo))
 
 
 @kernel("LEAKY_RELU")
 def _leaky_relu(n: Tensor) -> None:
     x = val(n.src[0])
-    store(n, np.maximum(x, 0) + n.params["negative_slope"] * np.minimum(x, 0))
+    store(n, np.where(x > 0, x, 0.0) + n.params["negative_slope"] * np.where(x < 0, x, 0.0))
 
 
 @kernel("SILU_BACK")
@@ -223,14 +249,34 @@ def _sum_rows(n: Tensor) -> None:
 
 @kernel("MEAN")
 def _mean(n: Tensor) -> None:
-    store(n, val(n.src[0]).mean(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):  # an empty row's mean is 0/0 = NaN, as ggml's sum / ne0
+        x = val(n.src[0])
+        store(n, x.sum(axis=-1, keepdims=True) / x.shape[-1])
 
 
 @kernel("ARGMAX")
 def _argmax(n: Tensor) -> None:
     x = val(n.src[0])[0, 0]  # a matrix: (ne1, ne0)
-    last = x.shape[1] - 1 - np.argmax(x[:, ::-1], axis=1)  # ties: the last index wins, as ggml's CPU
-    n.host()[...] = last.astype(np.int32).reshape(n.host().shape)
+    if x.shape[1] == 0:
+        idx = np.zeros(x.shape[0], np.int64)  # ggml's loop never runs: index 0
+    elif not np.isnan(x).any():
+        idx = x.shape[1] - 1 - np.argmax(x[:, ::-1], axis=1)  # ties: the last index wins, as ggml's CPU
+    else:
+        idx = _argmax_ggml_loop(x)
+    n.host()[...] = idx.astype(np.int32).reshape(n.host().shape)
+
+
+def _argmax_ggml_loop(x: np.ndarray) -> np.ndarray:
+    """ggml's loop ``max = MAX(max, x[i]); if (max == x[i]) idx = i`` with MAX(a, b) = a > b ? a : b,
+    run over every row at once: a NaN makes the running max NaN without taking the index, and
+    the element after it then becomes the running max."""
+    mx = np.full(x.shape[0], -np.inf)
+    idx = np.zeros(x.shape[0], np.int64)
+    for i in range(x.shape[1]):
+        col = x[:, i]
+        mx = np.where(mx > col, mx, col)
+        idx = np.where(mx == col, i, idx)
+    return idx
 
 
 @kernel("COUNT_EQUAL")
@@ -351,11 +397,12 @@ def _diag_mask(n: Tensor) -> None:
 @kernel("SOFT_MAX")
 def _soft_max(n: Tensor) -> None:
     a, mask, sinks = n.src[0], n.src[1] if len(n.src) > 1 else None, n.src[2] if len(n.src) > 2 else None
-    x = val(a) * n.params["scale"]
-    if mask is not None:
-        m = val(mask)[:, :, : a.ne[1], :]
-        slope = alibi_slopes(a.ne[2], n.params["max_bias"]).reshape(1, -1, 1, 1)
-        x = x + slope * tile_to(m, x.shape)
+    with np.errstate(over="ignore"):  # ggml scales (and adds the mask) in float32: overflow gives inf there
+        x = f32_round(val(a) * n.params["scale"])
+        if mask is not None:
+            m = val(mask)[:, :, : a.ne[1], :]
+            slope = alibi_slopes(a.ne[2], n.params["max_bias"]).reshape(1, -1, 1, 1)
+            x = f32_round(x + slope * tile_to(m, x.shape))
     mx = x.max(axis=-1, keepdims=True)
     if sinks is not None:
         s = val(sinks).reshape(-1)[None, :, None, None]
@@ -475,7 +522,7 @@ def _l2_norm(n: Tensor) -> None:
     x = val(n.src[0])
     norm = np.sqrt((x * x).sum(axis=-1, keepdims=True))
     with np.errstate(invalid="ignore", divide="ignore"):  # a zero row with eps 0 gives NaN, as in ggml
-        store(n, x / np.maximum(norm, n.params["eps"]))
+        store(n, x / np.fmax(norm, n.params["eps"]))  # ggml's fmaxf: a NaN norm gives eps
 
 
 @kernel("GROUP_NORM")
@@ -549,7 +596,14 @@ def prepare(n: Tensor):
         f = _EXACT_F32_UNARY[key]
         return lambda: f(a, out=out)
     if key == "RELU":
-        return lambda: np.maximum(a, np.float32(0), out=out)
+        return lambda: _relu_into(a, out)
     if key in ("DUP", "CONT", "CPY") and a.shape == out.shape:
         return lambda: np.copyto(out, a)
     return None
+
+
+def _relu_into(a: np.ndarray, out: np.ndarray) -> None:
+    """ggml's ``x > 0 ? x : 0`` into ``out`` (which may be ``a``): NaN and -0.0 give +0.0."""
+    keep = np.greater(a, 0)
+    np.copyto(out, a, where=keep)
+    np.copyto(out, np.float32(0), where=~keep)

@@ -9,7 +9,7 @@ from prism_core.errors import InvalidArgument
 from prism_core.semantics import RopeTables, alibi_slopes, rope_tables
 from prism_core.types import from_f32
 
-from .kernels import elements, kernel, store, val
+from .kernels import elements, f32_round, kernel, store, val
 
 
 def rope_angles(n: Tensor, t: RopeTables) -> tuple[np.ndarray, np.ndarray]:
@@ -52,14 +52,15 @@ def _flash_attn_ext(n: Tensor) -> None:
     n_head = q.shape[1]
     kk = np.repeat(k, n_head // k.shape[1], axis=1)  # grouped-query heads: block broadcast
     vv = np.repeat(v, n_head // v.shape[1], axis=1)
-    s = q @ np.swapaxes(kk, -1, -2) * p["scale"]  # (B, H, n_q, n_kv)
+    with np.errstate(over="ignore"):  # ggml scales the scores in float32: overflow gives inf there
+        s = f32_round(q @ np.swapaxes(kk, -1, -2) * p["scale"])  # (B, H, n_q, n_kv)
     if p["logit_softcap"] != 0.0:
         s = p["logit_softcap"] * np.tanh(s / p["logit_softcap"])
     if mask is not None:
         m = val(mask)[:, :, : q.shape[2], :]
         m = np.tile(m, (q.shape[0] // m.shape[0], n_head // m.shape[1], 1, 1))
         s = s + alibi_slopes(n_head, p["max_bias"]).reshape(1, -1, 1, 1) * m
-    mx = s.max(axis=-1, keepdims=True)
+    mx = s.max(axis=-1, keepdims=True, initial=-np.inf)  # no keys (n_kv = 0): -inf, then ggml's S == 0 case
     if sinks is not None:
         mx = np.maximum(mx, val(sinks).reshape(1, -1, 1, 1))
     with np.errstate(invalid="ignore"):

@@ -122,15 +122,22 @@ def _pool_taps(x: np.ndarray, n: Tensor, dims2: bool):
             yield x[..., ys, :][..., xs], vy[:, None] & vx[None, :]
 
 
+def _max_taps(taps) -> np.ndarray:
+    """ggml's running ``res = std::max(v, res)`` from -FLT_MAX (also an all-padding window's
+    result), taps in row-major order: std::max(v, res) is ``v < res ? res : v``, so a NaN tap
+    replaces res and the next tap replaces the NaN; an -inf tap leaves -FLT_MAX."""
+    res = np.full(taps[0][0].shape, -FLT_MAX)
+    for v, ok in taps:
+        res = np.where(ok & ~(v < res), v, res)
+    return res
+
+
 @kernel("POOL_1D")
 def _pool_1d(n: Tensor) -> None:
     x = val(n.src[0])[..., None, :]  # (ne3, ne2, ne1, 1, ne0)
     taps = list(_pool_taps(x, n, False))
     if n.params["op"] == PoolOp.MAX:
-        res = np.full(taps[0][0].shape, -np.inf)
-        for v, ok in taps:
-            res = np.where(ok, np.maximum(res, v), res)
-        res = np.maximum(res, -FLT_MAX)
+        res = _max_taps(taps)
     else:  # the mean of the taps inside the input (ggml HEAD)
         total = sum(np.where(ok, v, 0.0) for v, ok in taps)
         count = sum(ok.astype(np.float64) for _, ok in taps)
@@ -143,9 +150,7 @@ def _pool_2d(n: Tensor) -> None:
     x = val(n.src[0])
     taps = list(_pool_taps(x, n, True))
     if n.params["op"] == PoolOp.MAX:
-        res = np.full(taps[0][0].shape, -FLT_MAX)  # ggml's initial value: also the result of an all-padding window
-        for v, ok in taps:
-            res = np.where(ok, np.maximum(res, v), res)
+        res = _max_taps(taps)
     else:
         res = sum(np.where(ok, v, 0.0) for v, ok in taps) / (n.params["k0"] * n.params["k1"])
     store(n, res)

@@ -104,6 +104,17 @@ def registrar(table: dict) -> Callable:
 
 family = registrar(CASES)
 
+# More generators per op, beside its family (edge values, zero extents: cases_edges.py)
+EXTRA: dict[str, list[Callable[[OpDef], Iterator[Case]]]] = {}
+
+
+def extra(*keys: str):
+    def deco(f):
+        for k in keys:
+            EXTRA.setdefault(k, []).append(f)
+        return f
+    return deco
+
 
 UNARY_RANGE = {"SQRT": (0.1, 4.0), "LOG": (0.1, 4.0), "EXP": (-3.0, 3.0), "EXPM1": (-3.0, 3.0),
                "SOFTPLUS": (-25.0, 25.0), "FLOOR": (-4.0, 4.0), "CEIL": (-4.0, 4.0), "ROUND": (-4.0, 4.0),
@@ -550,10 +561,9 @@ def sgd_cases(d: OpDef) -> Iterator[Case]:
 
 
 def cases_for(key: str) -> list[Case]:
-    from .cases_quant import EXTRA_CASES  # further families (block types) beside the op's main one
     d = OPS[key]
     gen = CASES.get(key)
-    return (list(gen(d)) if gen is not None else []) + [c for g in EXTRA_CASES.get(key, ()) for c in g(d)]
+    return (list(gen(d)) if gen is not None else []) + [c for g in EXTRA.get(key, ()) for c in g(d)]
 
 
 def all_cases(ops: list[str] | None = None) -> list[Case]:

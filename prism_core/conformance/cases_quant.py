@@ -9,27 +9,16 @@ no quantizer exists for them without an importance matrix.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from .. import build as B
 from ..context import Context
-from ..optable import OPS, QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED, OpDef
+from ..optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED, OpDef
 from ..tensor import Tensor
 from ..types import F32, I32, I64, GGMLType, traits
-from .cases import Built, Case, dims, leaf, tname
-
-EXTRA_CASES: dict[str, list[Callable[[OpDef], Iterator[Case]]]] = {}
-
-
-def extra_family(*keys: str):
-    """File a further case generator under op keys (beside the op's main family in cases.py)."""
-    def deco(f):
-        for k in keys:
-            EXTRA_CASES.setdefault(k, []).append(f)
-        return f
-    return deco
+from .cases import Built, Case, dims, extra, leaf, tname
 
 
 def _ordered(types: frozenset[GGMLType]) -> list[GGMLType]:
@@ -88,7 +77,7 @@ def qleaf(c: Context, r: np.random.Generator, t: GGMLType, ne, layout: str = "co
 
 
 # ------------------------------------------------------------------ matrix products
-@extra_family("MUL_MAT")
+@extra("MUL_MAT")
 def mul_mat_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANT_WEIGHTS):
         k = max(256, traits(t).blck_size)
@@ -103,7 +92,7 @@ def mul_mat_quant(d: OpDef) -> Iterator[Case]:
             B.mul_mat(qleaf(c, r, t, (k, 6, 2), layout="rowgap"), leaf(c, r, F32, (k, 3, 4), layout="permuted3"))))
 
 
-@extra_family("MUL_MAT_ID")
+@extra("MUL_MAT_ID")
 def mul_mat_id_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANT_WEIGHTS):
         k = max(256, traits(t).blck_size)
@@ -113,7 +102,7 @@ def mul_mat_id_quant(d: OpDef) -> Iterator[Case]:
         yield Case(d.key, f"{tname(t, F32)},experts=4,used=2,tokens=3,k={k}", build)
 
 
-@extra_family("OUT_PROD")
+@extra("OUT_PROD")
 def out_prod_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANT_WEIGHTS):
         k = max(256, traits(t).blck_size)
@@ -122,7 +111,7 @@ def out_prod_quant(d: OpDef) -> Iterator[Case]:
 
 
 # ------------------------------------------------------------------ rows and conversions
-@extra_family("GET_ROWS")
+@extra("GET_ROWS")
 def get_rows_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANTIZED):
         k = traits(t).blck_size * 2
@@ -130,7 +119,7 @@ def get_rows_quant(d: OpDef) -> Iterator[Case]:
             B.get_rows(qleaf(c, r, t, (k, 9, 2)), leaf(c, r, I32, (5, 2), 0, 9))))
 
 
-@extra_family("CPY")
+@extra("CPY")
 def cpy_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANT_WRITABLE):
         k = traits(t).blck_size
@@ -146,7 +135,7 @@ def cpy_quant(d: OpDef) -> Iterator[Case]:
             B.cpy(qleaf(c, r, t, (2 * k, 3)), c.new_tensor(t, (k, 6)))))
 
 
-@extra_family("DUP", "CONT")
+@extra("DUP", "CONT")
 def copy_quant(d: OpDef) -> Iterator[Case]:
     fn = B.dup if d.key == "DUP" else B.cont
     for t in _ordered(QUANTIZED):
@@ -155,7 +144,7 @@ def copy_quant(d: OpDef) -> Iterator[Case]:
             fn(qleaf(c, r, t, (k, 4, 2), layout="rowgap"))))
 
 
-@extra_family("SET_ROWS")
+@extra("SET_ROWS")
 def set_rows_quant(d: OpDef) -> Iterator[Case]:
     for t, it in ((t, I64 if i % 2 else I32) for i, t in enumerate(_ordered(QUANT_WRITABLE))):
         k = traits(t).blck_size
@@ -166,7 +155,7 @@ def set_rows_quant(d: OpDef) -> Iterator[Case]:
         yield Case(d.key, f"{tname(t)} destination [{k},10,2],rows=3,{tname(it)} indices", build)
 
 
-@extra_family("ADD")
+@extra("ADD")
 def add_quant(d: OpDef) -> Iterator[Case]:
     for t in _ordered(QUANT_WRITABLE):
         k = traits(t).blck_size
@@ -176,4 +165,3 @@ def add_quant(d: OpDef) -> Iterator[Case]:
         B.add_inplace(qleaf(c, r, GGMLType.Q8_0, (64, 3)), leaf(c, r, F32, (64, 3)))))
 
 
-assert set(EXTRA_CASES) <= set(OPS), "quantized cases filed under unknown op keys"

@@ -13,17 +13,23 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from .runner import FAIL, PASS, TIMEOUT, UNSUPPORTED, CaseResult
+from .runner import CRASHED, FAIL, FAILED, NOT_RUN, PASS, TIMEOUT, UNSUPPORTED, CaseResult
 
 REPORT_FORMAT = 1  # bumped when the JSON layout changes incompatibly
+
+
+def _bad(c: Counter) -> int:
+    return sum(c[s] for s in FAILED)
 
 
 def cell(results: list[CaseResult]) -> str:
     c = Counter(r.status for r in results)
     n = len(results)
-    bad = c[FAIL] + c[TIMEOUT]
+    bad = _bad(c)
     if bad:
-        return f"FAIL {bad}/{n}" + (f" ({c[TIMEOUT]} timeout)" if c[TIMEOUT] else "")
+        why = [f"{c[s]} {word}" for s, word in ((TIMEOUT, "timeout"), (CRASHED, "crashed"), (NOT_RUN, "not run"))
+               if c[s]]
+        return f"FAIL {bad}/{n}" + (f" ({', '.join(why)})" if why else "")
     if c[UNSUPPORTED] == n:
         return "unsupported"
     if c[UNSUPPORTED]:
@@ -33,11 +39,12 @@ def cell(results: list[CaseResult]) -> str:
 
 def op_status(results: list[CaseResult]) -> str:
     """One word per op: ok (every case passed), partial (passed some, the rest unsupported),
-    fail (any case failed or timed out), unsupported (no case supported), no cases."""
+    fail (any case failed, timed out, crashed or was not run), unsupported (no case
+    supported), no cases."""
     if not results:
         return "no cases"
     c = Counter(r.status for r in results)
-    if c[FAIL] or c[TIMEOUT]:
+    if _bad(c):
         return "fail"
     if c[UNSUPPORTED] == len(results):
         return "unsupported"
@@ -52,11 +59,13 @@ def _by_op(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
 
 
 def summary(name: str, results: list[CaseResult]) -> str:
-    """``name: P passed, F failed, U unsupported cases, T timed out (ops ...)``."""
+    """``name: P passed, F failed, U unsupported cases, T timed out[, C crashed][, N not run]
+    (ops ...)``."""
     c = Counter(r.status for r in results)
     ops_c = Counter(op_status(v) for v in _by_op(results).values())
+    more = "".join(f", {c[s]} {s}" for s in (CRASHED, NOT_RUN) if c[s])
     return (f"{name}: {c[PASS]} passed, {c[FAIL]} failed, {c[UNSUPPORTED]} unsupported cases, "
-            f"{c[TIMEOUT]} timed out ({ops_c['ok']} ops ok, {ops_c['partial']} partial, "
+            f"{c[TIMEOUT]} timed out{more} ({ops_c['ok']} ops ok, {ops_c['partial']} partial, "
             f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported)")
 
 
@@ -96,13 +105,15 @@ def certificate(results: dict[str, list[CaseResult]], ops: list[str], *, mode: s
         c = Counter(r.status for r in rs)
         entry: dict[str, Any] = {"name": name, **(backends or {}).get(name, {}),
                                  "summary": {"cases": len(rs), "passed": c[PASS], "failed": c[FAIL],
-                                             "unsupported": c[UNSUPPORTED], "timeout": c[TIMEOUT]},
+                                             "unsupported": c[UNSUPPORTED], "timeout": c[TIMEOUT],
+                                             "crashed": c[CRASHED], "not_run": c[NOT_RUN]},
                                  "ops": {}, "failures": [r.to_dict() for r in rs if r.failed]}
         for op in ops:
             ors = by.get(op, [])
             oc = Counter(r.status for r in ors)
             info: dict[str, Any] = {"status": op_status(ors), "cases": len(ors), "passed": oc[PASS],
-                                    "failed": oc[FAIL], "unsupported": oc[UNSUPPORTED], "timeout": oc[TIMEOUT]}
+                                    "failed": oc[FAIL], "unsupported": oc[UNSUPPORTED], "timeout": oc[TIMEOUT],
+                                    "crashed": oc[CRASHED], "not_run": oc[NOT_RUN]}
             reasons = sorted({r.message for r in ors if r.status == UNSUPPORTED})
             if reasons:
                 info["unsupported_reasons"] = reasons
@@ -127,12 +138,15 @@ def to_markdown(cert: dict) -> str:
              f"generated {cert['generated']} on Python {cert['python']} ({cert['platform']})"]
     if cert.get("random"):
         lines[-1] += f"; random cases: {cert['random']} per op, seed {cert.get('seed')}"
-    lines += ["", "| backend | version | plugin | passed | failed | unsupported | timeout |",
-              "|---|---|---|---:|---:|---:|---:|"]
+    if cert.get("complete") is False:
+        lines += ["", "**Incomplete run**: " + _md(cert.get("incomplete_reason", "not every case ran"))]
+    lines += ["", "| backend | version | plugin | passed | failed | unsupported | timeout | crashed | not run |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for b in cert["backends"]:
         s = b["summary"]
         lines.append(f"| {_md(b['name'])} | {_md(b.get('version', ''))} | {_md(b.get('plugin', ''))} | "
-                     f"{s['passed']} | {s['failed']} | {s['unsupported']} | {s['timeout']} |")
+                     f"{s['passed']} | {s['failed']} | {s['unsupported']} | {s['timeout']} | "
+                     f"{s.get('crashed', 0)} | {s.get('not_run', 0)} |")
     names = [b["name"] for b in cert["backends"]]
     ops = list(cert["backends"][0]["ops"]) if cert["backends"] else []
     lines += ["", "## Support by op", "", "| op | " + " | ".join(map(_md, names)) + " |",
@@ -144,7 +158,8 @@ def to_markdown(cert: dict) -> str:
             if o["status"] in ("ok", "partial"):
                 txt = f"ok {o['passed']}/{o['cases']}" + (f", {o['unsupported']} unsup" if o["unsupported"] else "")
             elif o["status"] == "fail":
-                txt = f"**FAIL** {o['failed'] + o['timeout']}/{o['cases']}"
+                bad = o["failed"] + o["timeout"] + o.get("crashed", 0) + o.get("not_run", 0)
+                txt = f"**FAIL** {bad}/{o['cases']}"
             else:
                 txt = o["status"]
             cells.append(txt)

@@ -6,22 +6,24 @@ squared error ``sum((a - b)^2) / sum(a^2)`` (a = backend under test, b = referen
 against the op's bound from the op table. Outputs live in a context with guard bytes
 around every buffer, so a kernel that writes outside its output is caught.
 
-Fault isolation: every case of the backend under test runs in a worker thread with a
-per-case timeout (:data:`DEFAULT_TIMEOUT`; ``timeout=None`` or 0 runs in the calling
-thread). A kernel that raises, replaces a tensor's memory or metadata, writes into its
-inputs or past its output, or does not return in time fails that case only; each case
-has its own context, so nothing it did reaches the next case or another backend. A
-hung kernel cannot be stopped from inside the process (Python threads cannot be
-killed, and a native kernel that holds the GIL blocks the suite itself): the suite
-reports TIMEOUT, abandons the worker thread (a daemon, it never blocks exit) and moves
-on; the remaining cases of that op on that backend are reported TIMEOUT without being
-run, so one hang costs one timeout, not one per case.
+Fault isolation, in process: every case of the backend under test runs in a worker
+thread with a per-case timeout (:data:`DEFAULT_TIMEOUT`; ``timeout=None`` or 0 runs in the
+calling thread). A kernel that raises, replaces a tensor's memory or metadata, writes into
+its inputs or past its output, or does not return in time fails that case only; each case
+has its own context, so nothing it did reaches the next case or another backend. A hung
+kernel cannot be stopped from inside the process: the suite reports TIMEOUT, abandons the
+worker thread (a daemon, it never blocks exit) and moves on; the remaining cases of that op
+on that backend are reported TIMEOUT without being run, so one hang costs one timeout, not
+one per case. A kernel that crashes the interpreter (a segfault) or hangs while holding the
+GIL takes the process with it: :mod:`.workers` runs backends in worker processes for that,
+and ``prism conformance`` and the pytest plugin use it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,12 +37,15 @@ from ..errors import Unsupported
 from ..graph import Graph
 from ..plan import plan
 from ..registry import REGISTRY
-from ..schedule import backend_reason, compute
+from ..schedule import backend_reason, compute, computes_nothing
 from ..tensor import Tensor
 from ..types import traits
 from .cases import Built, Case
 
 PASS, FAIL, UNSUPPORTED, TIMEOUT = "pass", "fail", "unsupported", "timeout"
+CRASHED = "crashed"  # the worker process died (a signal, or an exit from native code) in this case
+NOT_RUN = "not run"  # the overall budget ran out, or the run was interrupted, before this case
+FAILED = (FAIL, TIMEOUT, CRASHED, NOT_RUN)  # a backend with any of these is not certified
 GUARD_BYTES = 64
 DEFAULT_TIMEOUT = 120.0  # seconds per case of the backend under test (JIT compilation included)
 
@@ -58,7 +63,7 @@ class CaseResult:
 
     @property
     def failed(self) -> bool:
-        return self.status in (FAIL, TIMEOUT)
+        return self.status in FAILED
 
     def describe(self) -> str:
         s = f"{self.case.name} on {self.backend}: {self.status.upper()}"
@@ -110,6 +115,14 @@ def compare(got: np.ndarray, ref: np.ndarray, bound: float) -> tuple[bool, str, 
     if bad_nan.any():
         i = int(np.argmax(bad_nan))
         return False, "NaN where the reference has a number", None, (i, ref[i], got[i])
+    lost_nan = np.isnan(ref) & ~np.isnan(got)
+    if lost_nan.any():
+        i = int(np.argmax(lost_nan))
+        return False, "a number where the reference has NaN", None, (i, ref[i], got[i])
+    zero_sign = (got == 0) & (ref == 0) & (np.signbit(got) != np.signbit(ref))
+    if zero_sign.any():  # ggml's expressions fix the sign of a zero result: every backend must agree
+        i = int(np.argmax(zero_sign))
+        return False, "a zero of the other sign than the reference's", None, (i, ref[i], got[i])
     inf = np.isinf(ref) | np.isinf(got)
     if np.any(inf & (got != ref)):
         i = int(np.argmax(inf & (got != ref)))
@@ -269,6 +282,19 @@ def _build(case: Case, guard: int) -> tuple[Context, Graph, Built]:
     return ctx, Graph().expand(built.out), built
 
 
+def case_detail(case: Any) -> str:
+    """The tensors of a forward case as run_case describes them ("" for other cases), for a
+    case whose run ended without a result (its worker crashed or was killed)."""
+    if not isinstance(case, Case):
+        return ""
+    try:
+        _, _, built = _build(case, 0)
+    except Exception:  # noqa: BLE001 - a description is optional
+        return ""
+    out = built.out
+    return describe_node(out) if out.opdef is not None and not out.opdef.view_only else ""
+
+
 def _outputs(built: Built) -> list[np.ndarray]:
     return [t.numpy() for t in (built.out, *built.extra)]
 
@@ -286,6 +312,33 @@ def unsupported_message(backend: Backend, missing: list) -> str:
     return f"does not support {keys}" + (f": {why}" if why else "")
 
 
+def _refusal(case: Case, backend: Backend, graph: Graph, detail: str) -> CaseResult | None:
+    """UNSUPPORTED when the backend refuses a node of the case (FAIL when supports() raises),
+    None when it claims them all."""
+    try:
+        missing = [n for n in graph.nodes if not computes_nothing(n) and not backend.supports(n)]
+    except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
+        return CaseResult(case, backend.name, FAIL, f"supports() {_crash(e)}", detail=detail)
+    if missing:
+        return CaseResult(case, backend.name, UNSUPPORTED, unsupported_message(backend, missing), detail=detail)
+    return None
+
+
+def refusal(case: Any, backend: Backend) -> CaseResult | None:
+    """The result of a forward case the backend does not claim (see _refusal), without
+    computing anything; None when it claims the case (or for gradient cases). Cases that are
+    not run after a crash or a hang of their op are still reported unsupported when they are."""
+    if not isinstance(case, Case):
+        return None
+    try:
+        _, graph, built = _build(case, 0)
+    except Exception:  # noqa: BLE001 - the run itself reports a case that cannot be built
+        return None
+    out = built.out
+    return _refusal(case, backend, graph, describe_node(out) if out.opdef is not None and not out.opdef.view_only
+                    else "")
+
+
 def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
              timeout: float | None = DEFAULT_TIMEOUT) -> CaseResult:
     reference = reference or REGISTRY.reference()
@@ -296,13 +349,9 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
 
     ctx, graph, built = _build(case, GUARD_BYTES)
     detail = describe_node(built.out) if built.out.opdef is not None and not built.out.opdef.view_only else ""
-    try:
-        missing = [n for n in graph.nodes
-                   if n.opdef is not None and not n.opdef.view_only and not backend.supports(n)]
-    except Exception as e:  # noqa: BLE001 - a crashing supports() fails the case
-        return CaseResult(case, name, FAIL, f"supports() {_crash(e)}", detail=detail)
-    if missing:
-        return CaseResult(case, name, UNSUPPORTED, unsupported_message(backend, missing), detail=detail)
+    refused = _refusal(case, backend, graph, detail)
+    if refused is not None:
+        return refused
     snap = _Snapshot(ctx, graph, built)
     try:
         run_isolated(lambda: plan(graph, backend, strict=True, reuse=False).compute(), timeout)
@@ -340,11 +389,12 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
 
 
 def run_grad(backend: Backend, cases: list, *, timeout: float | None = DEFAULT_TIMEOUT,
-             progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+             progress: Callable[[CaseResult], None] | None = None,
+             deadline: float | None = None) -> list[CaseResult]:
     """Gradient mode (see :mod:`.gradcheck`) with the same isolation: each case in the
     worker thread with a timeout."""
     REGISTRY.reference()  # the reference must exist, as in forward mode
-    return _run_all(backend, cases, lambda c: _grad_case(c, backend, timeout), progress)
+    return _run_all(backend, cases, lambda c: _grad_case(c, backend, timeout), progress, deadline)
 
 
 def _grad_case(case: Any, backend: Backend, timeout: float | None) -> CaseResult:
@@ -361,12 +411,15 @@ def _grad_case(case: Any, backend: Backend, timeout: float | None) -> CaseResult
 
 
 def _run_all(backend: Backend, cases: list, one: Callable[[Any], CaseResult],
-             progress: Callable[[CaseResult], None] | None) -> list[CaseResult]:
+             progress: Callable[[CaseResult], None] | None, deadline: float | None = None) -> list[CaseResult]:
     hung: dict[str, str] = {}
     results = []
     for c in cases:
         if c.key in hung:
-            r = CaseResult(c, backend.name, TIMEOUT, f"not run: {hung[c.key]} timed out on this backend")
+            r = refusal(c, backend) or CaseResult(c, backend.name, TIMEOUT,
+                                                  f"not run: {hung[c.key]} timed out on this backend")
+        elif deadline is not None and time.monotonic() >= deadline:
+            r = CaseResult(c, backend.name, NOT_RUN, "not run: the overall budget ran out")
         else:
             r = one(c)
             if r.status == TIMEOUT:
@@ -378,8 +431,9 @@ def _run_all(backend: Backend, cases: list, one: Callable[[Any], CaseResult],
 
 
 def run(backend: Backend, cases: list[Case], *, timeout: float | None = DEFAULT_TIMEOUT,
-        progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
-    """Every case on ``backend``; after a case times out, the remaining cases of that op are
-    reported TIMEOUT without running (the hung kernel is still busy)."""
+        progress: Callable[[CaseResult], None] | None = None, deadline: float | None = None) -> list[CaseResult]:
+    """Every case on ``backend``, in this process; after a case times out, the remaining cases
+    of that op are reported TIMEOUT without running (the hung kernel is still busy). Cases
+    that would start after ``deadline`` (a ``time.monotonic()`` value) are reported NOT_RUN."""
     reference = REGISTRY.reference()
-    return _run_all(backend, cases, lambda c: run_case(c, backend, reference, timeout=timeout), progress)
+    return _run_all(backend, cases, lambda c: run_case(c, backend, reference, timeout=timeout), progress, deadline)

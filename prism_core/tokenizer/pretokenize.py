@@ -34,6 +34,11 @@ _DEEPSEEK_LLM_LETTERS = (  # non-ASCII written as escapes: the exact codepoints,
     "\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+")
 _DEEPSEEK_LLM_PUNCT = "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+"
 _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+_CI = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_CASED = ("[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+@CI@|"
+          "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*@CI@|")
+_WS_TAIL = "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 # step lists; a name in CUSTOM is a hand-written splitter, anything else a std::regex pattern
 PRE_STEPS: dict[str, tuple[str, ...]] = {
@@ -47,6 +52,30 @@ PRE_STEPS: dict[str, tuple[str, ...]] = {
     "qwen2": ("qwen2",),
     "qwen35": ("qwen35",),
     "gemma4": ("newlines",),
+    "sarvam-moe": ("newlines",),
+    "poro": (_PORO,),
+    "viking": (_PORO, "\\p{N}"),
+    "ufakzeka": ("[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" + _WS_TAIL,),
+    "seed-coder": (_CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|"
+                   + _WS_TAIL,),
+    "laguna": ("newlines", "qwen2"),
+    "minicpm5": ("\\p{N}{1,3}",
+                 _CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" + _WS_TAIL),
+    "bailingmoe": ("'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+                   " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+",),
+    "jais-2": (_CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+               + "|".join(f"\\s{{{k}}}(?!\\S)" for k in (512, 256, 128, 64, 32, 16, 8, 4, "1,2")) + "|\\s{1}",),
+    "gpt-4o": (_CASED.replace("@CI@", _CI + "?") + "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" + _WS_TAIL,),
+    "tekken": (_CASED.replace("@CI@", "") + "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" + _WS_TAIL,),
+}
+
+# the llama.cpp pattern each hand-written splitter stands for (llama.cpp picks them by this text)
+CUSTOM_SOURCE = {
+    "llama3": _CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" + _WS_TAIL,
+    "qwen2": _CI + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" + _WS_TAIL,
+    "qwen35": _CI + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+              + _WS_TAIL,
+    "newlines": "[^\\n]+|[\\n]+",
 }
 
 # tokenizer.ggml.pre value -> (step list, options), from llama.cpp's vocabulary loader
@@ -75,8 +104,33 @@ PRE_TYPES: dict[str, tuple[str, dict[str, bool]]] = {
     "qwen35": ("qwen35", _NO_CLEAN),
     "gemma4": ("gemma4", {"escape_whitespaces": True, "byte_encode": False}),
     "granite-embed-multi-311m": ("gemma4", {"escape_whitespaces": True, "byte_encode": False}),
+    "sarvam-moe": ("sarvam-moe", {"escape_whitespaces": True, "byte_encode": False, "clean_spaces": False}),
     **{k: ("llama3", {}) for k in ("dbrx", "smaug-bpe")},
+    "megrez": ("qwen2", {}),
+    **{k: ("qwen2", _NO_CLEAN) for k in ("hunyuan", "solar-open", "grok-2")},
+    **{k: ("gpt2", _NO_CLEAN) for k in ("trillion", "granite-docling")},
+    "minerva-7b": ("starcoder", {}),
+    **{k: ("gpt-4o", _NO_CLEAN) for k in ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")},
+    "poro-chat": ("poro", _NO_CLEAN),
+    "bloom": ("poro", {}),
+    "gpt3-finnish": ("poro", {}),
+    "viking": ("viking", _NO_CLEAN),
+    "ufakzeka": ("ufakzeka", _NO_CLEAN),
+    "seed-coder": ("seed-coder", _NO_CLEAN),
+    "laguna": ("laguna", _NO_CLEAN),
+    "minicpm5": ("minicpm5", {"ignore_merges": True}),
+    **{k: ("bailingmoe", _NO_CLEAN) for k in ("bailingmoe", "bailingmoe2", "llada-moe")},
+    "jais-2": ("jais-2", {}),
+    "tekken": ("tekken", {"clean_spaces": False, "ignore_merges": True, "add_bos": True}),
 }
+
+
+# values llama.cpp knows whose splitters are not ported yet (they need its other hand-written code,
+# digit grouping, or options beyond these)
+NOT_PORTED = frozenset({
+    "chameleon", "chatglm-bpe", "glm4", "glm5", "deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4", "spark2_5",
+    "youtu", "kimi-k2", "afmoe", "superbpe", "tiny_aya", "cohere2moe", "granite-embed-multi-97m", "exaone-moe",
+    "whitespace"})
 
 
 @dataclass(frozen=True)

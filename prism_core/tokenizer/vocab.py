@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, Unsupported
-from .pretokenize import PRE_TYPES
+from .pretokenize import NOT_PORTED, PRE_TYPES
 
 # token types stored in tokenizer.ggml.token_type (gguf / llama.cpp's llama_token_type)
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
@@ -182,6 +182,8 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
         v.clean_spaces = True
         if pre is None:
             pre = "default"
+        if pre in NOT_PORTED:
+            raise Unsupported(f"{KEY}pre = {pre!r}: llama.cpp's pre-tokenizer for it is not ported yet")
         if pre not in PRE_TYPES:
             raise InvalidArgument(f"{KEY}pre = {pre!r} is not a known pre-tokenizer (known: {sorted(PRE_TYPES)})")
         v.pre, opts = PRE_TYPES[pre]

@@ -15,6 +15,10 @@ Quick start::
     ds = train.Dataset.from_numpy(features, one_hot_labels)    # (ndata, 4), (ndata, 3)
     res = train.fit(ctx, x, logits, ds, "cross_entropy", "adamw", nepoch=10, val_split=0.2)
     print(res.result_val.accuracy())
+
+Data-parallel over MPI: ``from prism_core.train import distributed`` and call
+``distributed.fit`` with the same arguments on every rank (``mpiexec -n 2 python train.py``;
+needs the ``mpi`` extra). This package never imports it, nor mpi4py, by itself.
 """
 
 from __future__ import annotations

@@ -9,14 +9,15 @@ permutation order (a raw byte copy, as ggml does), and shuffling permutes shards
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
 from ..context import TENSOR_OVERHEAD, Context
-from ..errors import InvalidArgument, ShapeMismatch, TypeMismatch
+from ..errors import InvalidArgument, PrismWarning, ShapeMismatch, TypeMismatch
 from ..tensor import Tensor
-from ..types import F32, GGMLType, as_type, traits
+from ..types import BF16, F16, F32, F64, GGMLType, as_type, traits
 from .mt19937 import MT19937, shuffle
 
 
@@ -28,12 +29,16 @@ def _int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+FLOAT_TYPES = frozenset({F32, F16, BF16, F64})
+
+
 class Dataset:
     """``ggml_opt_dataset_init(type_data, type_label, ne_datapoint, ne_label, ndata, ndata_shard)``.
 
     The data and label tensors start zero-filled; write them with ``ds.data.set(array)``
-    (NumPy order) or build the dataset with :meth:`from_numpy`. ``ndata`` must be a
-    multiple of ``ndata_shard`` (ggml would silently never use a trailing partial shard).
+    (NumPy order) or build the dataset with :meth:`from_numpy`. When ``ndata`` is not a
+    multiple of ``ndata_shard``, the trailing partial shard is never used, as in ggml (whose
+    ported tests build such datasets); a :class:`PrismWarning` names the unused datapoints.
     """
 
     def __init__(self, ne_datapoint: int, ne_label: int, ndata: int, ndata_shard: int = 1, *,
@@ -42,10 +47,14 @@ class Dataset:
         self.ne_label = _int("ne_label", ne_label, 0)
         self.ndata = _int("ndata", ndata, 1)
         self.ndata_shard = _int("ndata_shard", ndata_shard, 1)
-        if self.ndata % self.ndata_shard:
-            raise InvalidArgument(f"Dataset: ndata={self.ndata} is not a multiple of ndata_shard={self.ndata_shard}; "
-                                  f"the last shard would be incomplete (drop {self.ndata % self.ndata_shard} points "
-                                  "or choose another shard size)")
+        unused = self.ndata % self.ndata_shard
+        if unused:
+            first = self.ndata - unused
+            warnings.warn(f"Dataset: ndata={self.ndata} is not a multiple of ndata_shard={self.ndata_shard}: "
+                          f"datapoint{'s' if unused > 1 else ''} {first}"
+                          + (f"..{self.ndata - 1}" if unused > 1 else "")
+                          + f" ({unused} of them) form a partial shard that no batch uses, as in ggml",
+                          PrismWarning, stacklevel=2)
         td, tl = as_type(type_data), as_type(type_label)
         for what, t, ne0 in (("type_data", td, self.ne_datapoint), ("type_label", tl, self.ne_label or 1)):
             if ne0 % traits(t).blck_size:
@@ -59,8 +68,8 @@ class Dataset:
         self.labels: Tensor | None = (self.ctx.new_tensor(tl, (self.ne_label, self.ndata), "labels")
                                       if self.ne_label > 0 else None)
         nshards = self.ndata // self.ndata_shard
-        self.nbs_data = self.data.nbytes // nshards  # bytes per shard
-        self.nbs_labels = self.labels.nbytes // nshards if self.labels is not None else 0
+        self.nbs_data = self.data.nbytes * self.ndata_shard // self.ndata  # bytes per shard (ggml's formula)
+        self.nbs_labels = self.labels.nbytes * self.ndata_shard // self.ndata if self.labels is not None else 0
         self.permutation = np.arange(nshards, dtype=np.int64)
 
     @classmethod
@@ -130,7 +139,7 @@ class Dataset:
 
     def _copy(self, src: Tensor, dst: np.ndarray, nbs: int, spb: int, ibatch: int) -> None:
         shards = self.permutation[ibatch * spb:(ibatch + 1) * spb]
-        rows = src.storage()[src.view_offs:src.view_offs + src.nbytes].reshape(self.nshards, nbs)
+        rows = src.storage()[src.view_offs:src.view_offs + self.nshards * nbs].reshape(self.nshards, nbs)
         dst.reshape(spb, nbs)[...] = rows[shards]
 
     def get_batch(self, data_batch: Tensor, labels_batch: Tensor | None, ibatch: int) -> None:
@@ -178,6 +187,37 @@ class Dataset:
         self._copy(self.data, data_batch.reshape(-1).view(np.uint8), self.nbs_data, spb, ibatch)
         if labels_batch is not None and self.labels is not None:
             self._copy(self.labels, labels_batch.reshape(-1).view(np.uint8), self.nbs_labels, spb, ibatch)
+
+    # ------------------------------------------------------------ checks
+    def check(self, probabilities: bool = False) -> None:
+        """Refuse data a training run cannot use, naming the first bad datapoint: non-finite
+        data or labels, and with ``probabilities`` (the cross-entropy loss) labels that are not
+        distributions: negative, or rows not summing to 1 (to within the label type's rounding).
+        One pass over the data; quantized data is not read."""
+        for what, t in (("data", self.data), ("labels", self.labels)):
+            if t is None or t.type not in FLOAT_TYPES:
+                continue
+            vals = t.numpy().reshape(self.ndata, -1)
+            bad = ~np.isfinite(vals).all(axis=1)
+            if bad.any():
+                raise InvalidArgument(f"Dataset: {what} of datapoint {int(np.argmax(bad))} "
+                                      f"{'is' if vals.shape[1] == 1 else 'holds'} NaN or infinity "
+                                      f"({int(bad.sum())} datapoints do)")
+            if what == "labels" and probabilities:
+                neg = (vals < 0).any(axis=1)
+                if neg.any():
+                    i = int(np.argmax(neg))
+                    raise InvalidArgument(f"Dataset: the labels of datapoint {i} are not a probability "
+                                          f"distribution: {float(vals[i].min())} < 0 ({int(neg.sum())} datapoints "
+                                          "have negative labels)")
+                sums = vals.astype(np.float64).sum(axis=1)
+                tol = max(1e-5, vals.shape[1] * float(np.finfo(np.float32).eps if t.type in (F32, F64) else 2.0**-8))
+                off = np.abs(sums - 1.0) > tol
+                if off.any():
+                    i = int(np.argmax(off))
+                    raise InvalidArgument(f"Dataset: the labels of datapoint {i} sum to {sums[i]:.7g}, not 1: the "
+                                          f"cross-entropy loss needs a probability distribution per datapoint "
+                                          f"({int(off.sum())} datapoints do not sum to 1)")
 
     def __repr__(self) -> str:
         return (f"Dataset(ndata={self.ndata}, ne_datapoint={self.ne_datapoint}, ne_label={self.ne_label}, "

@@ -311,23 +311,27 @@ class OptContext:
         if bt == BuildType.GRAD:
             graph_reset(self.gb_grad)
             return
-        self.opt_step_params = self.ctx.new_tensor(
-            F32, (7 if self.optimizer == OptimizerType.ADAMW else 2,), "opt_step_params").set_input()
         gb_opt = _copy_graph(self.gb_grad)
         for node in reversed(gf.nodes):
             grad = gb_opt.grad(node)
             if grad is None or not node.flags & Flag.PARAM:
                 continue
-            if self.optimizer == OptimizerType.ADAMW:
-                m = self.ctx.new_tensor(F32, node.ne, _acc_name(node, "m"))
-                v = self.ctx.new_tensor(F32, node.ne, _acc_name(node, "v"))
-                self.grad_m[node], self.grad_v[node] = m, v
-                step = B.opt_step_adamw(node, grad, m, v, self.opt_step_params)
-            else:
-                step = B.opt_step_sgd(node, grad, self.opt_step_params)
-            gb_opt.expand(step)
+            gb_opt.expand(self._opt_step(node, grad))
         self.gb_opt = gb_opt
         graph_reset(gb_opt)
+
+    def _opt_step(self, node: Tensor, grad: Tensor) -> Tensor:
+        """The optimizer step of parameter ``node`` with gradient ``grad`` (its AdamW moments
+        and the shared step-parameter tensor are created on first use)."""
+        if self.opt_step_params is None:
+            self.opt_step_params = self.ctx.new_tensor(
+                F32, (7 if self.optimizer == OptimizerType.ADAMW else 2,), "opt_step_params").set_input()
+        if self.optimizer == OptimizerType.ADAMW:
+            m = self.ctx.new_tensor(F32, node.ne, _acc_name(node, "m"))
+            v = self.ctx.new_tensor(F32, node.ne, _acc_name(node, "v"))
+            self.grad_m[node], self.grad_v[node] = m, v
+            return B.opt_step_adamw(node, grad, m, v, self.opt_step_params)
+        return B.opt_step_sgd(node, grad, self.opt_step_params)
 
     # --------------------------------------------------------------- queries
     @property
