@@ -2,6 +2,8 @@
    chosen at run time from the CPU's features; no -march flag is needed to build. */
 #include "csimd_common.h"
 #include <float.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #define CSIMD_X86 1
@@ -9,6 +11,48 @@
 #else
 #define CSIMD_X86 0
 #endif
+
+/* bytes of this machine's data cache at `level` (1, 2, 3), for the GEMM's blocking: Linux's sysfs
+   (what lscpu shows; a VM's sysconf may report the host's L3), then sysconf, then a typical size */
+static int64_t cache_bytes_probe(int level) {
+    for (int i = 0; i < 8; i++) {
+        char path[96], buf[32];
+        int lv = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        if (fscanf(f, "%d", &lv) != 1) lv = 0;
+        fclose(f);
+        if (lv != level) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        if (!(f = fopen(path, "r"))) continue;
+        const int ok = fscanf(f, "%31s", buf) == 1 && strcmp(buf, "Instruction") != 0;
+        fclose(f);
+        if (!ok) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!(f = fopen(path, "r"))) continue;
+        long v = 0;
+        char unit = 0;
+        const int n = fscanf(f, "%ld%c", &v, &unit);
+        fclose(f);
+        if (n >= 1 && v > 0) return (int64_t)v * (unit == 'K' ? 1024 : unit == 'M' ? 1048576 : 1);
+    }
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+    const long v = sysconf(level == 1 ? _SC_LEVEL1_DCACHE_SIZE : level == 2 ? _SC_LEVEL2_CACHE_SIZE : _SC_LEVEL3_CACHE_SIZE);
+    if (v > 0) return v;
+#endif
+    return level == 1 ? 32768 : level == 2 ? 524288 : 8388608;
+}
+
+static int64_t csimd_cache_bytes(int level) {
+    static int64_t sizes[4]; /* probed once; a racing first call stores the same values */
+    int64_t v = __atomic_load_n(&sizes[level], __ATOMIC_RELAXED);
+    if (v == 0) {
+        v = cache_bytes_probe(level);
+        __atomic_store_n(&sizes[level], v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
 
 /* portable path: 16-byte GCC vectors (SSE2 on x86-64, NEON elsewhere, or scalar code) */
 #define SFX scalar

@@ -646,16 +646,89 @@ ATTR static void FN(opt_step)(int adamw, const float *p, const csimd_tensor *a, 
 /* ------------------------------------------------------------ mul_mat: packed, cache-blocked GEMM
    C (N x M, row stride ldc floats) = B (N x K) * A^T, A is M x K; both read through byte strides.
    A^T is packed in panels of NR columns ([k][NR]), B in panels of MR rows ([k][MR]). */
-#define KC 256
-#define NCB 512
-#define MCB 384
+#define KC 256 /* K block of the small-N kernel below */
+
+#if ISA_LEVEL >= 1
+/* VL rows of VL floats (rows from nv on read as zeros) written transposed: column l of the block
+   goes to dst + l * ldd, its first ns values. Packing F32 rows this way costs a few shuffles per
+   vector instead of one scalar store per element. */
+ATTR static inline void FN(transpose_block)(float *restrict dst, int64_t ldd, const float *const *rows, int nv,
+                                            int ns) {
+#if ISA_LEVEL == 2
+    __m512 r[16], t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = i < nv ? _mm512_loadu_ps(rows[i]) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c */
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m512d a0 = _mm512_castps_pd(t[4 * i]), a1 = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d a2 = _mm512_castps_pd(t[4 * i + 2]), a3 = _mm512_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+    }
+    const __mmask16 mk = (__mmask16)((1u << ns) - 1u);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* a 4 x 4 transpose of 128-bit lanes */
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        _mm512_mask_storeu_ps(dst + (0 + c) * ldd, mk, _mm512_shuffle_f32x4(v0, v2, 0x88));
+        _mm512_mask_storeu_ps(dst + (4 + c) * ldd, mk, _mm512_shuffle_f32x4(v0, v2, 0xDD));
+        _mm512_mask_storeu_ps(dst + (8 + c) * ldd, mk, _mm512_shuffle_f32x4(v1, v3, 0x88));
+        _mm512_mask_storeu_ps(dst + (12 + c) * ldd, mk, _mm512_shuffle_f32x4(v1, v3, 0xDD));
+    }
+#else
+    __m256 r[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) r[i] = i < nv ? _mm256_loadu_ps(rows[i]) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) {
+        const __m256d a0 = _mm256_castps_pd(t[4 * i]), a1 = _mm256_castps_pd(t[4 * i + 1]);
+        const __m256d a2 = _mm256_castps_pd(t[4 * i + 2]), a3 = _mm256_castps_pd(t[4 * i + 3]);
+        u[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
+        u[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
+        u[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
+        u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
+    }
+    const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(ns), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        _mm256_maskstore_ps(dst + c * ldd, mk, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+        _mm256_maskstore_ps(dst + (4 + c) * ldd, mk, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
+#endif
+}
+#endif
 
 ATTR static void FN(pack_a)(float *restrict dst, const char *a, int at, int64_t snm, int64_t snk,
                             int64_t m0, int64_t mn, int64_t k0, int64_t kc) {
     /* panel of NR columns m0..m0+NR (zero past mn) */
     if (at == CSIMD_F32 && snk == 4) {
+        int64_t kv = 0;
+#if ISA_LEVEL >= 1
+        /* VL k at a time: NR / VL transposed blocks of VL rows */
+        for (; kv + VL <= kc; kv += VL)
+            for (int64_t j0 = 0; j0 < NR; j0 += VL) {
+                const float *rows[VL];
+                const int nv = mn - j0 < 0 ? 0 : mn - j0 > VL ? VL : (int)(mn - j0);
+                for (int i = 0; i < nv; i++) rows[i] = (const float *)(a + (m0 + j0 + i) * snm + (k0 + kv) * snk);
+                FN(transpose_block)(dst + kv * NR + j0, NR, rows, nv, VL);
+            }
+#endif
         /* blocks of 16 k: the 16 destination rows stay in L1 while the NR sources stream */
-        for (int64_t kb = 0; kb < kc; kb += 16) {
+        for (int64_t kb = kv; kb < kc; kb += 16) {
             const int64_t ke = kc - kb < 16 ? kc - kb : 16;
             for (int64_t j = 0; j < NR; j++) {
                 if (j < mn) {
@@ -702,6 +775,21 @@ ATTR static void FN(pack_b)(float *restrict dst, const char *b, int bt, int64_t 
         }
         return;
     }
+#if ISA_LEVEL >= 1
+    if (bt == CSIMD_F32 && snk == 4 && MR <= VL) {
+        /* VL k at a time: one transposed block of the sliver's MR rows, then the scalar tail */
+        int64_t kv = 0;
+        const float *rows[VL];
+        for (int64_t i = 0; i < nn; i++) rows[i] = (const float *)(b + (n0 + i) * snn + k0 * snk);
+        for (; kv + VL <= kc; kv += VL) {
+            FN(transpose_block)(dst + kv * MR, MR, rows, (int)nn, MR);
+            for (int64_t i = 0; i < nn; i++) rows[i] += VL;
+        }
+        for (int64_t i = 0; i < MR; i++)
+            for (int64_t k = kv; k < kc; k++) dst[k * MR + i] = i < nn ? rows[i][k - kv] : 0.0f;
+        return;
+    }
+#endif
     for (int64_t i = 0; i < MR; i++) {
         if (i < nn) {
             const char *row = b + (n0 + i) * snn + k0 * snk;
@@ -757,46 +845,89 @@ ATTR static void FN(micro)(int64_t kc, const float *restrict Ap, const float *re
     }
 }
 
+/* cache blocking for this path's micro-tile from the machine's caches: B's sliver (MR x KC) and
+   A's panel (KC x NR) together take about 2/3 of L1; a thread's packed A block (KC x NC) about half
+   of its L2; each of the two shared packed B blocks (NB x KC) an eighth of L3 (other cores and
+   processes share it). K is cut into equal blocks, so the last one is not a sliver. */
+ATTR static void FN(gemm_blocking)(int64_t K, int64_t *kc, int64_t *nc, int64_t *nb) {
+    int64_t k = csimd_cache_bytes(1) * 2 / 3 / ((NR + MR) * 4) / 16 * 16;
+    k = k < 64 ? 64 : k > 1024 ? 1024 : k;
+    const int64_t nkb = K > 0 ? (K + k - 1) / k : 1;
+    k = (K + nkb - 1) / nkb;
+    *kc = k < 1 ? 1 : k;
+    const int64_t n = csimd_cache_bytes(2) / 2 / (*kc * 4) / NR * NR;
+    *nc = n < NR ? NR : n > 4096 ? 4096 : n;
+    const int64_t r = csimd_cache_bytes(3) / 8 / (*kc * 4) / MR * MR;
+    *nb = r < 8 * MR ? 8 * MR : r > 65536 / MR * MR ? 65536 / MR * MR : r;
+}
+
+/* C (N x M) = B A^T. Each thread owns a fixed range of A's NR-column panels, so of C's columns (no
+   two threads write one element, and each sum runs over K in the same order whatever the thread
+   count). For each block of KC of K and NB rows of B, the threads pack that block of B together
+   (slivers split between them) into one of two shared buffers and meet at a single barrier (two
+   buffers: the next block goes into the one every thread had finished with before this barrier).
+   Each thread then packs its columns of A, NC at a time, into its own buffer (L2) and runs the
+   micro-kernel with B's sliver in L1 against each of its A panels. */
 ATTR static int FN(gemm)(const char *a, int at, int64_t anm, int64_t ank, const char *b, int bt, int64_t bnn,
                          int64_t bnk, float *C, int64_t ldc, int64_t cs, int64_t M, int64_t N, int64_t K, int nth) {
-    const int64_t npa = (NCB + NR - 1) / NR, npb = (MCB + MR - 1) / MR;
-    float *Apack = (float *)csimd_alloc((size_t)npa * KC * NR * 4);
-    float *Bpack = (float *)csimd_alloc((size_t)npb * KC * MR * 4);
-    if (!Apack || !Bpack) { free(Apack); free(Bpack); return -2; }
     if (K == 0) {
         for (int64_t n = 0; n < N; n++) for (int64_t m = 0; m < M; m++) C[n * ldc + m * cs] = 0.0f;
+        return 0;
     }
+    int64_t KCB, NCB, NBB;
+    FN(gemm_blocking)(K, &KCB, &NCB, &NBB);
+    if (nth < 1) nth = 1;
+    const int64_t panels = (M + NR - 1) / NR;
+    if (nth > panels) nth = (int)panels;
+    const int64_t per = (panels + nth - 1) / nth * NR; /* columns of the busiest thread */
+    const int64_t njb = (per + NCB - 1) / NCB;         /* its columns in equal blocks, as K */
+    NCB = ((per + njb - 1) / njb + NR - 1) / NR * NR;
+    const int64_t nbb = (N + NBB - 1) / NBB;
+    NBB = ((N + nbb - 1) / nbb + MR - 1) / MR * MR;
+    /* sizes in whole cache lines: A's buffers after B's stay aligned for the vector loads */
+    const size_t bsz = ((size_t)NBB * KCB + 15) / 16 * 16, asz = ((size_t)NCB * KCB + 15) / 16 * 16;
+    float *Bpack = (float *)csimd_alloc((2 * bsz + (size_t)nth * asz) * 4);
+    if (!Bpack) return -2;
+    float *Apacks = Bpack + 2 * bsz;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1)
-    for (int64_t jc = 0; jc < M; jc += NCB) {
-        const int64_t nc = M - jc < NCB ? M - jc : NCB, pa = (nc + NR - 1) / NR;
-        for (int64_t pc = 0; pc < K; pc += KC) {
-            const int64_t kc = K - pc < KC ? K - pc : KC;
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < pa; p++) {
-                const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
-                FN(pack_a)(Apack + p * KC * NR, a, at, anm, ank, m0, mn, pc, kc);
-            }
-            for (int64_t ic = 0; ic < N; ic += MCB) {
-                const int64_t mc = N - ic < MCB ? N - ic : MCB, pb = (mc + MR - 1) / MR;
-#pragma omp for schedule(static)
-                for (int64_t q = 0; q < pb; q++) {
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+        const int tid = 0, nt = 1;
+#endif
+        float *Ap = Apacks + (size_t)tid * asz;
+        const int64_t c0 = panels * tid / nt * NR, c1m = panels * (tid + 1) / nt * NR, c1 = c1m < M ? c1m : M;
+        int64_t step = 0;
+        for (int64_t pc = 0; pc < K; pc += KCB) {
+            const int64_t kc = K - pc < KCB ? K - pc : KCB;
+            for (int64_t ic = 0; ic < N; ic += NBB, step++) {
+                const int64_t mc = N - ic < NBB ? N - ic : NBB, pb = (mc + MR - 1) / MR;
+                float *Bb = Bpack + (step & 1) * bsz;
+                for (int64_t q = pb * tid / nt; q < pb * (tid + 1) / nt; q++) {
                     const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
-                    FN(pack_b)(Bpack + q * KC * MR, b, bt, bnn, bnk, n0, nn, pc, kc);
+                    FN(pack_b)(Bb + q * kc * MR, b, bt, bnn, bnk, n0, nn, pc, kc);
                 }
-                const int64_t tiles = pb * pa;
-#pragma omp for schedule(dynamic, 4)
-                for (int64_t t = 0; t < tiles; t++) {
-                    const int64_t q = t / pa, p = t % pa;
-                    const int64_t n0 = ic + q * MR, m0 = jc + p * NR;
-                    const int64_t nn = N - n0 < MR ? N - n0 : MR, mn = M - m0 < NR ? M - m0 : NR;
-                    FN(micro)(kc, Apack + p * KC * NR, Bpack + q * KC * MR, C + n0 * ldc + m0 * cs, ldc, cs, pc == 0,
-                              nn, mn);
+#pragma omp barrier
+                for (int64_t jc = c0; jc < c1; jc += NCB) {
+                    const int64_t nc = c1 - jc < NCB ? c1 - jc : NCB, pa = (nc + NR - 1) / NR;
+                    for (int64_t p = 0; p < pa; p++) {
+                        const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
+                        FN(pack_a)(Ap + p * kc * NR, a, at, anm, ank, m0, mn, pc, kc);
+                    }
+                    for (int64_t q = 0; q < pb; q++) {
+                        const int64_t n0 = ic + q * MR, nn = N - n0 < MR ? N - n0 : MR;
+                        for (int64_t p = 0; p < pa; p++) {
+                            const int64_t m0 = jc + p * NR, mn = M - m0 < NR ? M - m0 : NR;
+                            FN(micro)(kc, Ap + p * kc * NR, Bb + q * kc * MR, C + n0 * ldc + m0 * cs, ldc, cs,
+                                      pc == 0, nn, mn);
+                        }
+                    }
                 }
             }
         }
     }
-    free(Apack);
     free(Bpack);
     return 0;
 }

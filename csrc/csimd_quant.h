@@ -503,6 +503,45 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const fl
         }
 }
 
+/* Q2_K as ggml's quantize_row_q2_K_ref: 16 groups of 16, make_qkx2_quants with |x| weights and absolute
+   errors, 4-bit scales and mins relative to the largest */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const float *x, uint8_t *y) {
+    uint8_t L[256], *sc = y;
+    float weights[16], mins[16], scales[16], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        for (int l = 0; l < 16; l++) weights[l] = fabsf(x[16 * j + l]);
+        scales[j] = q_make_qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, 1);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    memset(y, 0, 84);
+    if (max_scale > 0) {
+        const float iscale = 15.f / max_scale;
+        for (int j = 0; j < 16; j++) sc[j] = (uint8_t)q_nearest_int(iscale * scales[j]);
+        q_put_f16(y + 80, max_scale / 15.f);
+    }
+    if (max_min > 0) {
+        const float iscale = 15.f / max_min;
+        for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(q_nearest_int(iscale * mins[j]) << 4);
+        q_put_f16(y + 82, max_min / 15.f);
+    }
+    const float dh = q_f16(y + 80), dminh = q_f16(y + 82);
+    for (int j = 0; j < 16; j++) {
+        const float d = dh * (float)(sc[j] & 0xF);
+        if (!d) continue;
+        const float dm = dminh * (float)(sc[j] >> 4);
+        for (int ii = 0; ii < 16; ii++) {
+            const int l = q_nearest_int((x[16 * j + ii] + dm) / d);
+            L[16 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Lh = L + 128 * h;
+            y[16 + 32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+        }
+}
+
 /* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
    Returns 0, or -1 for a type without a quantizer here. */
 static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
@@ -518,6 +557,7 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     case Q_TQ1_0: q_quant_tq1_0(x, y); return 0;
     case Q_TQ2_0: q_quant_tq2_0(x, y); return 0;
     case Q_Q6_K: q_quant_q6_k(x, y); return 0;
+    case Q_Q2_K: q_quant_q2_k(x, y); return 0;
     case Q_Q4_K: q_quant_q4q5_k(x, y, 0); return 0;
     case Q_Q5_K: q_quant_q4q5_k(x, y, 1); return 0;
     default: return -1;
@@ -526,6 +566,6 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
 
 static inline int q_has_quantizer(int t) {
     return t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K ||
-           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K;
+           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q2_K || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K;
 }
 #endif

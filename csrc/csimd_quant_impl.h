@@ -920,7 +920,7 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
                         q_arow ar;
                         q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
                         float o[4];
-                        done = FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+                        for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
                         for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
                     }
                     if (done) continue;

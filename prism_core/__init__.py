@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import build, ops, optable, quant, types
 from .autodiff import build_backward, reset
-from .backend import Backend, Kernel
+from .backend import Backend, Kernel, KernelTable, type_refusal
 from .build import *  # noqa: F403 - the graph-building functions are the public API
 from .build import node
 from .context import Context
@@ -40,7 +40,16 @@ from .hookspecs import INTERFACE_VERSION, hookimpl
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, opdef
 from .plan import Plan, plan
-from .registry import REGISTRY, BackendInfo, BrokenPlugin, backend, backends, broken_plugins
+from .registry import (
+    REGISTRY,
+    BackendInfo,
+    BrokenPlugin,
+    backend,
+    backends,
+    broken_plugins,
+    use_backend,
+    using_backend,
+)
 from .schedule import ComputeReport, compute
 from .tensor import Flag, Tensor
 from .types import BF16, F16, F32, F64, I8, I16, I32, I64, GGMLType

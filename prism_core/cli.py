@@ -44,21 +44,31 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    from .build import builders_for
-    from .optable import OPS, describe_types
+    from .opspec import all_pages, listing_line, page, to_markdown
+    from .optable import OPS, opdef
+    if args.json:
+        import json
+        print(json.dumps({"ops": all_pages()}, indent=1))
+        return 0
+    if args.markdown:
+        from pathlib import Path
+        root = Path(args.markdown)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            index = ["# Prism op specification", "", "One page per op of the table (`prism ops OP`).", ""]
+            for k, d in OPS.items():
+                (root / f"{k}.md").write_text(to_markdown(page(k)), encoding="utf-8")
+                index.append(f"- [{k}]({k}.md): {d.doc}")
+            (root / "index.md").write_text("\n".join(index) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise PrismError(f"cannot write the op pages to {root}: {e}") from None
+        print(f"wrote {len(OPS)} op pages and index.md to {root}")
+        return 0
+    if args.op:
+        print(to_markdown(page(opdef(args.op).key)), end="")
+        return 0
     for d in OPS.values():
-        srcs = ", ".join(f"{s.name}{'?' if s.optional else ''}" for s in d.srcs)
-        params = ", ".join(p.name + ("" if p.required else f"={p.default!r}") for p in d.params)
-        flags = [f for f, on in (("inplace", d.inplace), ("view", d.view_only)) if on]
-        print(f"{d.key:<24} {d.op.name}={int(d.op):<3} ({srcs})" + (f" [{params}]" if params else "")
-              + (f" {{{', '.join(flags)}}}" if flags else ""))
-        print(f"{'':<24} {d.doc}; builders: {', '.join(builders_for(d)) or 'node(' + repr(d.key) + ', ...)'}")
-        print(f"{'':<24} types: " + "; ".join(f"{s.name}: {describe_types(s.types)}" for s in d.srcs))
-        if d.differentiable:
-            print(f"{'':<24} gradient for: {', '.join(k for k, r in d.grad.items() if r != 'ignore')}"
-                  + (f" (not: {d.nograd})" if d.nograd else ""))
-        else:
-            print(f"{'':<24} not differentiable: {d.nograd or 'piecewise constant: the gradient is zero'}")
+        print("\n".join(listing_line(d)))
     return 0
 
 
@@ -68,6 +78,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from .conformance.workers import Suite, in_process_only, run_suite
     from .optable import OPS, opdef
     from .registry import REGISTRY, backend, backends
+    if args.case:
+        return _replay(args)
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
@@ -121,7 +133,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         for name, rs in results.items():
             print(summary(name, rs))
     else:
-        print(table(results, ops))
+        print(table(results, ops, verbose=args.verbose))
     incomplete = ("interrupted" if interrupted else
                   f"the overall budget of {args.budget:g} s ran out" if out_of_budget else "")
     if incomplete:
@@ -150,6 +162,23 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``--case ID``: exactly that case, in this process, with its inputs and both outputs."""
+    from .conformance.replay import replay
+    from .registry import backend
+    if not args.backend or "all" in args.backend or len(args.backend) != 1:
+        raise PrismError("--case replays on one backend: give --backend NAME once")
+    if args.op or args.random is not None or args.report:
+        raise PrismError("--case names the case itself; it takes no --op, --random or --report")
+    be = backend(args.backend[0])
+    failed = False
+    for cid in args.case:
+        text, result = replay(cid, be)
+        print(text)
+        failed |= result.failed
+    return 1 if failed else 0
 
 
 # ------------------------------------------------------------------ argument types (bad values: usage errors)
@@ -195,6 +224,19 @@ def jobs_arg(text: str) -> int:
     return int_at_least(1)(text)
 
 
+def cmd_new_backend(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .scaffold import write_backend
+    files = write_backend(args.name, args.dir)
+    root = Path(os.path.commonpath(files))
+    print(f"wrote the {args.name} backend package ({len(files)} files) into {root}:")
+    for f in files:
+        print(f"  {f.relative_to(root)}")
+    print(f"next: pip install -e {root} && prism conformance --backend {args.name} (see its README.md)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import main as demo
     return demo(args.backend)
@@ -205,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", action="version", version=f"prism {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="list backends and their state").set_defaults(func=cmd_info)
-    sub.add_parser("ops", help="list the op table").set_defaults(func=cmd_ops)
+    o = sub.add_parser("ops", help="list the op table, or print an op's specification page")
+    o.add_argument("op", nargs="?", metavar="OP", help="print this op's full page (e.g. SOFT_MAX, gelu)")
+    o.add_argument("--markdown", metavar="DIR", help="write every op's page (and index.md) into DIR")
+    o.add_argument("--json", action="store_true", help="print every op's page as JSON")
+    o.set_defaults(func=cmd_ops)
     c = sub.add_parser("conformance", help="run the conformance suite and print the op-by-backend table")
     c.add_argument("--backend", action="append", metavar="NAME", help="backend name or 'all' (default: all)")
     c.add_argument("--op", action="append", metavar="OP", help="only this op key (repeatable)")
@@ -231,7 +277,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the backends in this process (worker threads with the per-case timeout; 0: the "
                         "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="also list every unsupported case with the backend's reason and its replay command")
+    c.add_argument("--case", action="append", metavar="ID",
+                   help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
+                        "in this process, printing its inputs, the expected and the actual output")
     c.set_defaults(func=cmd_conformance)
+    nb = sub.add_parser("new-backend", help="write a ready backend plugin package to start from")
+    nb.add_argument("name", metavar="NAME", help="the backend's name (lowercase letters, digits, _)")
+    nb.add_argument("--dir", default=None, metavar="D", help="where to write it (default ./prism-NAME; "
+                    "must not exist or be empty)")
+    nb.set_defaults(func=cmd_new_backend)
     d = sub.add_parser("demo", help="build and run a small graph end to end")
     d.add_argument("--backend", default=None, help="backend name (default: best available)")
     d.set_defaults(func=cmd_demo)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,37 @@ Rule = Callable[["OpDef", Mapping[str, Tensor | None], Mapping[str, Any]], "Out 
 
 
 @dataclass(frozen=True)
+class Example:
+    """A worked example of an op's page: small inputs and the result worked out by hand.
+
+    ``inputs`` maps a source name to ``(type, ne, values)``, values flat in ggml order
+    (``ne[0]`` fastest); ``expected`` is the result the same way. A test computes it on
+    the reference, so a page's numbers cannot drift from what the suite certifies.
+    """
+
+    inputs: Mapping[str, tuple[GGMLType, tuple[int, ...], tuple[float, ...]]]
+    expected: tuple[float, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+    rtol: float = 1e-6  # relative tolerance of the hand-worked numbers (they are rounded to 7 digits)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The long form of an op's specification, beside the rule it describes (``prism ops OP``).
+
+    ``shape``: the shape/type rule in words; ``formula``: the exact computation beyond the
+    one-line ``doc`` (broadcasting, masks, conversion and rounding rules); ``special``: what
+    NaN, infinities and signed zeros give; ``example``: a worked example.
+    """
+
+    shape: str
+    special: str
+    example: Example
+    formula: str = ""
+
+
+@dataclass(frozen=True)
 class OpDef:
     key: str
     op: Op
@@ -86,6 +117,7 @@ class OpDef:
     # differentiated: asking for its gradient raises Unsupported with ``nograd``.
     grad: Mapping[str, Any] = field(default_factory=dict)
     nograd: str = ""
+    spec: Spec | None = None  # the op page's long form; every op has one (tests/test_opspec.py)
 
     @property
     def differentiable(self) -> bool:
@@ -109,14 +141,38 @@ def describe_types(types: frozenset[GGMLType]) -> str:
 
 OPS: dict[str, OpDef] = {}
 IGNORE = "ignore"  # a source used only for its indices or shape: it gets no gradient
+NO_RULE_YET = "no derivative rule yet"
 
 
 def define(key: str, op: Op, srcs: tuple[Src, ...], rule: Rule, doc: str, *,
            params: tuple[Param, ...] = (), **kw: Any) -> OpDef:
     assert key not in OPS, f"op {key} declared twice"
+    if not kw.get("grad") and not kw.get("nograd"):
+        kw["nograd"] = NO_RULE_YET  # an op is never silently "not differentiable"
     d = OpDef(key, op, srcs, params, rule, doc, **kw)
     OPS[key] = d
     return d
+
+
+def spec(key: str, shape: str, special: str, example: Example, formula: str = "") -> None:
+    """Attach the long form of op ``key``'s page; called right after its ``define``."""
+    d = OPS[key]
+    assert d.spec is None, f"op {key} specified twice"
+    OPS[key] = replace(d, spec=Spec(shape, special, example, formula))
+
+
+def f32(ne: tuple[int, ...], *values: float) -> tuple[GGMLType, tuple[int, ...], tuple[float, ...]]:
+    """An example input of type F32 (values flat in ggml order)."""
+    return (F32, ne, values)
+
+
+def ex(expected: tuple[float, ...], note: str = "", rtol: float = 1e-6, **inputs_and_params: Any) -> Example:
+    """An Example: tuple-valued keywords made with :func:`f32` (or ``(type, ne, values)``) are
+    inputs, the others params."""
+    inputs = {k: v for k, v in inputs_and_params.items() if isinstance(v, tuple) and len(v) == 3
+              and isinstance(v[0], GGMLType)}
+    params = {k: v for k, v in inputs_and_params.items() if k not in inputs}
+    return Example(inputs, tuple(expected), params, note, rtol)
 
 
 def opdef(key: str | Op | UnaryOp | GluOp) -> OpDef:
@@ -665,9 +721,21 @@ PIECEWISE_CONSTANT = {"SGN", "STEP", "FLOOR", "CEIL", "ROUND", "TRUNC"}
 A = (Src("a", FLOATS),)
 AB = (Src("a", FLOATS), Src("b", FLOATS))
 EPS = (Param("eps", float, 0.0, min=0.0, doc="added to the variance / mean square"),)
+# Shared wording of the op pages (prism_core.opspec)
+ELEMENTWISE_SHAPE = "a's type and shape (the float types); a may be any view"
+IEEE_SPECIAL = ("IEEE 754 float arithmetic: NaN in gives NaN out, infinities follow the formula (inf - inf, 0 * inf "
+                "and 0 / 0 give NaN; x / 0 gives a signed infinity)")
+COPY_SPECIAL = "values are moved or converted, never computed on: NaN, infinities and -0.0 are kept"
+REDUCE_SPECIAL = IEEE_SPECIAL + "; the order of summation is free (float32 accumulation at least), a NaN or an " \
+    "infinity of both signs in a sum gives NaN"
+NORM_SPECIAL = (IEEE_SPECIAL + "; a constant row with eps = 0 gives 0 / 0 = NaN (as in ggml); eps is added inside "
+                "the square root")
 
 define("DUP", Op.DUP, (Src("a", ANY_PLAIN | QUANTIZED),), same_as(), "copy of a", inplace=True,
        grad={"a": lambda B, n, g: g})
+spec("DUP", "a's type and shape; a may be any view, the result is contiguous", COPY_SPECIAL,
+     ex((1.0, -2.0, 0.5), a=f32((3,), 1.0, -2.0, 0.5)),
+     "the elements of a in row-major order (i0 fastest), bit for bit (block types: the blocks unchanged)")
 _BINARY_GRADS = {
     Op.ADD: {"a": lambda B, n, g: g, "b": lambda B, n, g: _unbroadcast(B, g, n.src[1])},
     Op.SUB: {"a": lambda B, n, g: g, "b": lambda B, n, g: _unbroadcast(B, B.neg(g), n.src[1])},
@@ -683,16 +751,38 @@ for _op, _f in ((Op.ADD, "a + b"), (Op.SUB, "a - b"), (Op.MUL, "a * b"), (Op.DIV
            f"{_f}, b broadcast into a by modulo indexing"
            + ("; a quantized a: dequantized, b (f32, same shape) added, requantized to a's type" if _add else ""),
            inplace=True, family="binary", grad=_BINARY_GRADS[_op])
+_BIN_EXPECTED = {"ADD": (11, 22, 43, 14, 25, 46), "SUB": (-9, -18, -37, -6, -15, -34),
+                 "MUL": (10, 40, 120, 40, 100, 240), "DIV": (0.1, 0.1, 0.075, 0.4, 0.25, 0.15)}
+for _k, _e in _BIN_EXPECTED.items():
+    spec(_k, "a's type and shape; each of a's extents a multiple of b's" + (
+         "; a of a block type (ADD only): b F32 of a's shape, the result a's block type" if _k == "ADD" else ""),
+         IEEE_SPECIAL, ex(_e, a=f32((3, 2), 1, 2, 3, 4, 5, 6), b=f32((3,), 10, 20, 40),
+                          note="b (one row) is broadcast over a's two rows"),
+         f"out[i0, i1, i2, i3] = a[i0, i1, i2, i3] {_k.lower()} b[i0 mod b.ne0, i1 mod b.ne1, i2 mod b.ne2, "
+         "i3 mod b.ne3] (operator " + {"ADD": "+", "SUB": "-", "MUL": "*", "DIV": "/"}[_k] + "), computed exactly "
+         "and rounded once to a's type. Block-type a (ADD): dequantize a's row, add b's, requantize with ggml's "
+         "reference quantizer")
 define("ADD1", Op.ADD1, AB, _add1_rule, "a + b, b a one-element tensor", inplace=True,
        grad={"a": lambda B, n, g: g, "b": lambda B, n, g: _like(B, B.sum(g), n.src[1])})
+spec("ADD1", ELEMENTWISE_SHAPE + "; b holds one element", IEEE_SPECIAL,
+     ex((1.5, 2.5, 3.5), a=f32((3,), 1.0, 2.0, 3.0), b=f32((1,), 0.5)), "out[i] = a[i] + b[0]")
 define("ACC", Op.ACC, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _region_rule,
        "copy of a with b added into the strided region (nb1, nb2, nb3, offset in bytes)",
        params=_REGION, inplace=True, grad={"a": lambda B, n, g: g, "b": lambda B, n, g: _region_of(B, n, g)})
+spec("ACC", "a's type and shape (F32); a contiguous; the region of b's ne with strides (4, nb1, nb2, nb3) "
+     "bytes starting at byte offset must lie inside a and must not overlap itself", IEEE_SPECIAL,
+     ex((1.0, 12.0, 23.0, 4.0, 5.0, 6.0, 7.0, 8.0), a=f32((4, 2), 1, 2, 3, 4, 5, 6, 7, 8), b=f32((2,), 10, 20),
+        nb1=16, nb2=32, nb3=32, offset=4, note="b is added at a's elements 1 and 2 (byte offset 4)"),
+     "out = a; then out[offset + i0*4 + i1*nb1 + i2*nb2 + i3*nb3 (bytes)] += b[i0, i1, i2, i3] for every element of b")
 define("SET", Op.SET, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _set_rule,
        "copy of a with b written into the strided region (nb1, nb2, nb3, offset in bytes)",
        params=_REGION, inplace=True, grad={
            "a": lambda B, n, g: B.set(_contig(B, g), _zeros(n, n.src[1].ne), *(n.params[k] for k in _REGION_KEYS)),
            "b": lambda B, n, g: _region_of(B, n, g)})
+spec("SET", "a's type and shape; b of a's type; the region as for ACC", COPY_SPECIAL,
+     ex((1.0, 10.0, 20.0, 4.0, 5.0, 6.0, 7.0, 8.0), a=f32((4, 2), 1, 2, 3, 4, 5, 6, 7, 8), b=f32((2,), 10, 20),
+        nb1=16, nb2=32, nb3=32, offset=4),
+     "out = a; then the element of out at byte offset + i0*elem + i1*nb1 + i2*nb2 + i3*nb3 = b[i0, i1, i2, i3]")
 _MATH_GRADS = {
     Op.SQR: lambda B, n, g: B.scale(B.mul(n.src[0], g), 2.0),
     Op.SQRT: lambda B, n, g: B.scale(B.div(g, n), 0.5),
@@ -703,116 +793,264 @@ _MATH_GRADS = {
 for _op, _f in ((Op.SQR, "x^2"), (Op.SQRT, "sqrt(x)"), (Op.LOG, "ln(x)"), (Op.SIN, "sin(x)"),
                 (Op.COS, "cos(x)")):
     define(_op.name, _op, A, same_as(), _f, inplace=True, family="unary", grad={"a": _MATH_GRADS[_op]})
+_POSITIVE = (0.25, 1.0, 2.0, 4.0)
+_X = (-2.0, -0.5, 0.0, 1.5)
+for _k, _x, _e, _s in (
+        ("SQR", _X, (4.0, 0.25, 0.0, 2.25), ""), ("SQRT", _POSITIVE, (0.5, 1.0, 1.4142136, 2.0), "; x < 0 gives NaN"),
+        ("LOG", _POSITIVE, (-1.3862944, 0.0, 0.69314718, 1.3862944), "; log(0) = -inf, x < 0 gives NaN"),
+        ("SIN", _X, (-0.90929743, -0.47942554, 0.0, 0.99749499), "; sin(+-inf) = NaN"),
+        ("COS", _X, (-0.41614684, 0.87758256, 1.0, 0.070737202), "; cos(+-inf) = NaN")):
+    spec(_k, ELEMENTWISE_SHAPE, IEEE_SPECIAL + _s, ex(_e, a=f32((4,), *_x), rtol=1e-6),
+         "elementwise, as correctly rounded (or within a few ulp for sin/cos/log in float32) from the exact value")
 define("SUM", Op.SUM, A, lambda d, s, p: Out(s["a"].type, (1, 1, 1, 1)), "sum of all elements",
        grad={"a": lambda B, n, g: B.repeat(g, n.src[0])})
+spec("SUM", "a's type, ne [1, 1, 1, 1]", REDUCE_SPECIAL,
+     ex((21.0,), a=f32((3, 2), 1, 2, 3, 4, 5, 6)), "out = sum over every element (accumulated in at least float32)")
 define("SUM_ROWS", Op.SUM_ROWS, A, lambda d, s, p: Out(s["a"].type, _rows(s["a"])), "sum over dim 0",
        grad={"a": lambda B, n, g: B.repeat(g, n.src[0])})
+spec("SUM_ROWS", "a's type, ne [1, ne1, ne2, ne3]", REDUCE_SPECIAL,
+     ex((6.0, 15.0), a=f32((3, 2), 1, 2, 3, 4, 5, 6)), "out[0, i1, i2, i3] = sum_i0 a[i0, i1, i2, i3]")
 define("MEAN", Op.MEAN, A, lambda d, s, p: Out(F32, _rows(s["a"])), "mean over dim 0 (per row)",
        grad={"a": lambda B, n, g: B.repeat(B.scale(g, 1.0 / n.src[0].ne[0]), n.src[0])})
+spec("MEAN", "F32, ne [1, ne1, ne2, ne3]", REDUCE_SPECIAL,
+     ex((2.0, 5.0), a=f32((3, 2), 1, 2, 3, 4, 5, 6)), "out[0, i1, i2, i3] = (sum_i0 a[i0, i1, i2, i3]) / ne0")
 define("ARGMAX", Op.ARGMAX, (Src("a", ONLY_F32),), _argmax_rule,
        "index of each row's maximum (the last one on ties)", nmse=0.0, nograd="integer result")
+spec("ARGMAX", "I32 [ne1]; a a matrix (ne2 = ne3 = 1)",
+     "scan i0 = 0.. with max = -inf, idx = 0: max = MAX(max, x) (C's a > b ? a : b), then idx = i0 if max == x; "
+     "so a tie gives the last index, a NaN is never the maximum, and a row of NaN gives 0",
+     ex((2, 3), a=f32((4, 2), 1, 3, 3, 0, -1, -5, -2, -1), note="ties: the last index of the maximum"),
+     "out[i1] = index of the maximum of row i1")
 define("COUNT_EQUAL", Op.COUNT_EQUAL, (Src("a", frozenset({I32})), Src("b", frozenset({I32}))),
        _count_equal_rule, "number of equal elements of a and b", nmse=0.0, nograd="integer result")
+spec("COUNT_EQUAL", "I64 [1, 1, 1, 1]; a and b I32 of one shape", "integers only: no special values",
+     ex((2,), a=(I32, (4,), (1, 2, 3, 4)), b=(I32, (4,), (1, 0, 3, 0))), "out = number of i with a[i] == b[i]")
 define("REPEAT", Op.REPEAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _repeat_rule,
        "a tiled to b's shape (only b's shape is read)",
        grad={"a": lambda B, n, g: B.repeat_back(g, n.src[0]), "b": IGNORE})
+spec("REPEAT", "a's type, b's shape; each of b's extents a multiple of a's (b's values are not read)",
+     COPY_SPECIAL, ex((1, 2, 1, 2, 1, 2, 1, 2), a=f32((2,), 1, 2), b=f32((4, 2), 0, 0, 0, 0, 0, 0, 0, 0)),
+     "out[i0, i1, i2, i3] = a[i0 mod a.ne0, i1 mod a.ne1, i2 mod a.ne2, i3 mod a.ne3]")
 define("REPEAT_BACK", Op.REPEAT_BACK, (Src("a", FLOATS), Src("b", ANY_PLAIN)), _repeat_back_rule,
        "sum of a's tiles, giving b's shape (adjoint of REPEAT)",
        grad={"a": lambda B, n, g: B.repeat(g, n.src[0]), "b": IGNORE})
+spec("REPEAT_BACK", "a's type, b's shape; each of a's extents a multiple of b's", REDUCE_SPECIAL,
+     ex((4.0, 6.0), a=f32((4,), 1, 2, 3, 4), b=f32((2,), 0, 0)),
+     "out[j] = sum of a[i] over every i with i_k mod b.ne_k = j_k in each dim k")
 define("CONCAT", Op.CONCAT, (Src("a", ANY_PLAIN), Src("b", ANY_PLAIN)), _concat_rule,
        "a and b (same type) joined along dim; every other extent must match",
        params=(Param("dim", int, min=0, max=3, doc="dim to concatenate along, 0..3"),),
        grad={"a": _concat_part(0), "b": _concat_part(1)})
+spec("CONCAT", "a's type; a and b of one type, equal extents except along dim; ne[dim] = a.ne[dim] + b.ne[dim]",
+     COPY_SPECIAL, ex((1, 2, 3, 4, 5), a=f32((2,), 1, 2), b=f32((3,), 3, 4, 5), dim=0),
+     "out[i] = a[i] where i[dim] < a.ne[dim], else b[i with i[dim] - a.ne[dim]]")
 define("SILU_BACK", Op.SILU_BACK, (Src("grad", FLOATS), Src("x", FLOATS)), _pair_rule("grad", "x"),
        "grad * s(x) * (1 + x (1 - s(x))), s the logistic sigmoid")
+spec("SILU_BACK", "grad's type and shape; grad and x of one shape", IEEE_SPECIAL,
+     ex((0.072329488, 0.5, 2.1815685), grad=f32((3,), 1, 1, 2), x=f32((3,), -1, 0, 2)),
+     "out = grad * s * (1 + x * (1 - s)), s = 1 / (1 + exp(-x)): the derivative of x * s(x) times grad")
 define("NORM", Op.NORM, (Src("a", ONLY_F32),), same_as(), "(x - mean) / sqrt(var + eps) per row",
        params=EPS, inplace=True, grad={"a": _norm_grad})
+spec("NORM", "a's type and shape (F32)", NORM_SPECIAL,
+     ex((-1.3416408, -0.4472136, 0.4472136, 1.3416408), a=f32((4,), 1, 2, 3, 4), eps=0.0),
+     "per row: mean = sum(x)/n, var = sum((x - mean)^2)/n (the biased variance), out = (x - mean) / sqrt(var + eps); "
+     "eps is added inside the square root")
 define("RMS_NORM", Op.RMS_NORM, (Src("a", ONLY_F32),), same_as(), "x / sqrt(mean(x^2) + eps) per row",
        params=EPS, inplace=True, grad={"a": lambda B, n, g: B.rms_norm_back(g, n.src[0], n.params["eps"])})
+spec("RMS_NORM", "a's type and shape (F32)", NORM_SPECIAL,
+     ex((0.36514837, 0.73029674, 1.0954451, 1.4605935), a=f32((4,), 1, 2, 3, 4), eps=0.0),
+     "per row: out = x / sqrt(sum(x^2)/n + eps); eps is added inside the square root (not to the root)")
 define("RMS_NORM_BACK", Op.RMS_NORM_BACK, (Src("dz", ONLY_F32), Src("x", ONLY_F32)), _pair_rule("dz", "x"),
        "gradient of rms_norm: (dz - x <x,dz>/(sum x^2 + n eps)) / sqrt(mean(x^2) + eps)", params=EPS)
+spec("RMS_NORM_BACK", "dz's type and shape; dz and x of one shape (F32)", NORM_SPECIAL,
+     ex((0.35297676, -0.024343225, -0.036514837, -0.04868645), dz=f32((4,), 1, 0, 0, 0), x=f32((4,), 1, 2, 3, 4),
+        eps=0.0),
+     "per row, n = ne0, ss = sum(x^2): out = (dz - x * sum(x*dz) / (ss + n*eps)) / sqrt(ss/n + eps)")
 define("GROUP_NORM", Op.GROUP_NORM, (Src("a", ONLY_F32),), same_as(),
        "(x - mean) / sqrt(var + eps) over groups of ceil(ne2 / n_groups) channels (dim 2): "
        "mean and var over ne0*ne1*channels, per i3",
        params=(Param("n_groups", int, min=1, max=INT32_MAX), Param("eps", float, 1e-6, min=0.0)), inplace=True)
+spec("GROUP_NORM", "a's type and shape (F32)", NORM_SPECIAL,
+     ex((-1.3416408, -0.4472136, 0.4472136, 1.3416408), a=f32((2, 1, 2), 1, 2, 3, 4), n_groups=1, eps=0.0),
+     "channels are dim 2; group g holds channels [g*c, min((g+1)*c, ne2)) with c = ceil(ne2 / n_groups); for each "
+     "group and each i3: mean and biased variance over the ne0*ne1*channels elements, out = (x - mean) / "
+     "sqrt(var + eps)")
 define("L2_NORM", Op.L2_NORM, (Src("a", ONLY_F32),), same_as(), "x / max(||x||_2, eps) per row",
        params=(Param("eps", float, 0.0, min=0.0, doc="lower bound of the row norm"),), inplace=True)
+spec("L2_NORM", "a's type and shape (F32)", NORM_SPECIAL,
+     ex((0.6, 0.8), a=f32((2,), 3, 4), eps=0.0), "per row: out = x / max(sqrt(sum(x^2)), eps)")
 QAB = (Src("a", FLOATS | QUANT_WEIGHTS), Src("b", FLOATS))
 define("MUL_MAT", Op.MUL_MAT, QAB, _mul_mat_rule,
        "out[m,n] = sum_k a[k,m] b[k,n]; a's dims 2,3 broadcast blockwise; a quantized a needs an f32 b "
        "(the reference uses a's dequantized values)", nmse=5e-4,
        grad={"a": _mul_mat_grad_a, "b": lambda B, n, g: B.out_prod(n.src[0], B.transpose(g))})
+spec("MUL_MAT", "F32 [a.ne1, b.ne1, b.ne2, b.ne3]; a.ne0 = b.ne0 (the summed dim k); a.ne2 divides b.ne2 and "
+     "a.ne3 divides b.ne3; a not transposed (nb0 <= nb1); a of a block type needs an F32 b", REDUCE_SPECIAL,
+     ex((17.0, 39.0), a=f32((2, 2), 1, 2, 3, 4), b=f32((2,), 5, 6),
+        note="a's rows are [1, 2] and [3, 4]: out[m] = a's row m . b (ggml's mul_mat(a, b) is b x a^T)"),
+     "out[m, n, i2, i3] = sum_k a[k, m, i2 / (b.ne2 / a.ne2), i3 / (b.ne3 / a.ne3)] * b[k, n, i2, i3]: a's "
+     "matrices broadcast blockwise (integer division), not by modulo. Block-type a: its dequantized values "
+     "(the reference is exact; ggml's CPU quantizes b to the weight type's dot-product partner, Q8_0/Q8_1/Q8_K, "
+     "which the NMSE bound allows). F16/BF16 sources: products of the exact values, summed in at least float32.")
 define("OUT_PROD", Op.OUT_PROD, QAB, _out_prod_rule,
        "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
+spec("OUT_PROD", "F32 [a.ne0, b.ne0, b.ne2, b.ne3]; a.ne1 = b.ne1 (the summed dim t); a's dims 2, 3 divide "
+     "b's; a not transposed; a of a block type needs an F32 b", REDUCE_SPECIAL,
+     ex((3.0, 6.0, 4.0, 8.0, 5.0, 10.0), a=f32((2,), 1, 2), b=f32((3,), 3, 4, 5)),
+     "out[i, j, i2, i3] = sum_t a[i, t, i2 / (b.ne2 / a.ne2), i3 / (b.ne3 / a.ne3)] * b[j, t, i2, i3]")
 define("SCALE", Op.SCALE, A, same_as(), "x * s + b",
        params=(Param("s", float), Param("b", float, 0.0)), inplace=True, family="unary",
        grad={"a": lambda B, n, g: B.scale(g, n.params["s"])})
+spec("SCALE", ELEMENTWISE_SHAPE, IEEE_SPECIAL + "; with b = 0 ggml computes x * s only, so -0.0 * 2 = -0.0 "
+     "(adding +0.0 would give +0.0)",
+     ex((-3.0, 0.0, 1.0, 4.0), a=f32((4,), -2, -0.5, 0, 1.5), s=2.0, b=1.0), "out = x * s + b (b = 0: x * s)")
 define("CPY", Op.CPY, (Src("a", ANY_PLAIN | QUANTIZED), Src("b", ANY_PLAIN | QUANTIZED)), _cpy_rule,
        "a's elements, in row-major order, converted and written into b; the result is b (block types: "
        "f32 -> quantized with ggml's reference quantizer, quantized -> f32 dequantized, same type: blocks copied)",
        nmse=1e-6,
        grad={"a": lambda B, n, g: _like(B, g, n.src[0]), "b": IGNORE})
+spec("CPY", "the result is b (a view of it): b's type and shape; a and b hold the same number of elements; "
+     "block types convert to and from F32 only", COPY_SPECIAL + ". Float to integer: truncation toward zero; NaN, "
+     "infinities and values out of the integer range are undefined in ggml (C's conversion) and not tested",
+     ex((0.0999755859375, 1.0009765625, -2.5, 65504.0), a=f32((4,), 0.1, 1.0005, -2.5, 65504.0),
+        b=(F16, (4,), (0, 0, 0, 0)), note="F32 -> F16 rounds to nearest even (1.0005 lies between 1 and "
+        "1 + 2^-10, nearer the latter)"),
+     "element k of a in row-major order (i0 fastest) goes to element k of b in row-major order, converted to b's "
+     "type: F16/BF16 round to nearest even (beyond the largest finite value: infinity); to an integer type: "
+     "truncation toward zero; F32 -> block type: ggml's reference quantizer, row by row (no importance matrix); "
+     "block type -> F32: dequantized; same type: bits (or blocks) copied unchanged")
 define("CONT", Op.CONT, (Src("a", ANY_PLAIN | QUANTIZED),), _cont_rule,
        "contiguous copy of a, optionally with a new shape of equal element count",
        params=(Param("ne", tuple, ()),), grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
+spec("CONT", "a's type; ne = the param ne, or a's (same element count); a block type's ne0 a multiple of "
+     "its block size", COPY_SPECIAL, ex((1, 2, 3, 4), a=f32((2, 2), 1, 2, 3, 4), ne=(4, 1, 1, 1)),
+     "the elements of a in row-major order written contiguously (as CPY into a new tensor of a's type)")
 define("RESHAPE", Op.RESHAPE, (Src("a", ANY_PLAIN | QUANTIZED),), _reshape_rule,
        "view of contiguous a with a new shape", params=(Param("ne", tuple),), view_only=True,
        grad={"a": lambda B, n, g: _like(B, g, n.src[0])})
+spec("RESHAPE", "a view of a (contiguous) with extents ne (same element count)", "a view: nothing is computed",
+     ex((1, 2, 3, 4), a=f32((2, 2), 1, 2, 3, 4), ne=(4, 1, 1, 1)),
+     "the same memory read with contiguous strides for ne")
 define("VIEW", Op.VIEW, (Src("a", ANY_PLAIN | QUANTIZED),), _view_rule,
        "view of a's memory with extents ne, strides (elem, nb1, nb2, nb3), byte offset",
        params=(Param("ne", tuple), Param("nb", tuple), Param("offset", int, 0, min=0)), view_only=True,
        grad={"a": _view_grad})
+spec("VIEW", "a view of a's memory: extents ne, strides (element size, nb1, nb2, nb3) bytes, byte offset; it must "
+     "lie inside a's storage", "a view: nothing is computed",
+     ex((2.0, 3.0), a=f32((4,), 1, 2, 3, 4), ne=(2, 1, 1, 1), nb=(8, 8, 8), offset=4),
+     "element [i0, i1, i2, i3] of the view is the element at byte offset + i0*elem + i1*nb1 + i2*nb2 + i3*nb3")
 define("PERMUTE", Op.PERMUTE, (Src("a", ANY_PLAIN | QUANTIZED),), _permute_rule,
        "view with source dim k moved to position axes[k]",
        params=(Param("axes", tuple, length=4),), view_only=True, grad={"a": _inverse_permute})
+spec("PERMUTE", "a view: source dim k becomes dim axes[k] (extents and strides move together)",
+     "a view: nothing is computed", ex((1, 3, 5, 2, 4, 6), a=f32((2, 3), 1, 2, 3, 4, 5, 6), axes=(1, 0, 2, 3)),
+     "result.ne[axes[k]] = a.ne[k], result.nb[axes[k]] = a.nb[k]")
 define("TRANSPOSE", Op.TRANSPOSE, (Src("a", ANY_PLAIN | QUANTIZED),), _transpose_rule,
        "view with dims 0 and 1 swapped", view_only=True, grad={"a": lambda B, n, g: B.transpose(g)})
+spec("TRANSPOSE", "a view with ne0/ne1 and nb0/nb1 swapped", "a view: nothing is computed",
+     ex((1, 3, 5, 2, 4, 6), a=f32((2, 3), 1, 2, 3, 4, 5, 6)), "result[i0, i1] = a[i1, i0]")
 define("GET_ROWS", Op.GET_ROWS, (Src("a", FLOATS | {I32} | QUANTIZED), Src("b", frozenset({I32}))),
        _get_rows_rule, "out[:, i, j, k] = a[:, b[i, j, k], j, k] (f32 result; I32 rows copied exactly; "
        "quantized rows dequantized)", grad={"a": _get_rows_grad, "b": IGNORE})
+spec("GET_ROWS", "F32 [a.ne0, b.ne0, b.ne1, b.ne2] (I32 for an I32 a); b I32 [m, a.ne2, a.ne3]",
+     COPY_SPECIAL + "; an index outside [0, a.ne1) is an error in ggml (not tested)",
+     ex((5.0, 6.0, 1.0, 2.0), a=f32((2, 3), 1, 2, 3, 4, 5, 6), b=(I32, (2,), (2, 0))),
+     "out[:, i, j, k] = a[:, b[i, j, k], j, k], converted to F32 (F16/BF16 exactly; block types dequantized)")
 define("GET_ROWS_BACK", Op.GET_ROWS_BACK,
        (Src("a", FLOATS), Src("b", frozenset({I32})), Src("c", ANY_PLAIN)), _get_rows_back_rule,
        "zeros of c's shape with row b[i] += a[:, i] (adjoint of GET_ROWS)")
+spec("GET_ROWS_BACK", "F32 of c's shape [n, rows]; a [n, m], b I32 [m]", REDUCE_SPECIAL,
+     ex((0.0, 0.0, 4.0, 6.0, 0.0, 0.0), a=f32((2, 2), 1, 2, 3, 4), b=(I32, (2,), (1, 1)),
+        c=f32((2, 3), 0, 0, 0, 0, 0, 0),
+        note="both rows of a go to row 1"),
+     "out = zeros of c's shape; for each i: out[:, b[i]] += a[:, i] (c's values are not read)")
 define("DIAG", Op.DIAG, (Src("a", ONLY_F32),), _diag_rule,
        "a [n, 1, ne2, ne3] -> [n, n, ne2, ne3] with a on the diagonal and 0 elsewhere")
+spec("DIAG", "a's type, [n, n, ne2, ne3] for a [n, 1, ne2, ne3]", COPY_SPECIAL,
+     ex((1, 0, 0, 0, 2, 0, 0, 0, 3), a=f32((3,), 1, 2, 3)), "out[i, j] = a[i] if i == j else 0")
 for _op, _f in ((Op.DIAG_MASK_INF, "-inf"), (Op.DIAG_MASK_ZERO, "0")):
     define(_op.name, _op, (Src("a", ONLY_F32),), same_as(),
            f"element (i, j) of each matrix set to {_f} where column i > n_past + row j",
            params=(Param("n_past", int, min=INT32_MIN, max=INT32_MAX),), inplace=True,
            grad={"a": lambda B, n, g: B.diag_mask_zero(g, n.params["n_past"])})
+    _m = -math.inf if _op == Op.DIAG_MASK_INF else 0.0
+    spec(_op.name, "a's type and shape (F32)", COPY_SPECIAL + " outside the masked triangle",
+         ex((1, _m, _m, 4, 5, _m, 7, 8, 9), a=f32((3, 3), 1, 2, 3, 4, 5, 6, 7, 8, 9), n_past=0),
+         f"out[i0, i1, i2, i3] = {_f} if i0 > n_past + i1 else a[i0, i1, i2, i3] (i0 the column, i1 the row): "
+         "a causal mask over each matrix")
 define("SOFT_MAX", Op.SOFT_MAX,
        (Src("a", ONLY_F32), Src("mask", frozenset({F16, F32}), True), Src("sinks", ONLY_F32, True)),
        _soft_max_rule, "row softmax of a*scale + slope*mask (ALiBi slope from max_bias; optional sinks)",
        params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), inplace=True, nmse=1e-6,
        grad={"a": lambda B, n, g: B.soft_max_ext_back(g, n, n.params["scale"], n.params["max_bias"])},
        nograd="the gradients of the mask and the sinks are not implemented (as in ggml)")
+spec("SOFT_MAX", "F32 of a's shape; a contiguous; mask (F16/F32, contiguous) [a.ne0, >= a.ne1, m2, m3] with m2 "
+     "dividing a.ne2 and m3 dividing a.ne3; sinks F32 [a.ne2]; max_bias > 0 needs a mask",
+     "a row whose entries are all -inf (after the mask) gives NaN (0/0), as in ggml; a mask entry of -inf gives "
+     "weight exactly 0; NaN in a propagates to its row",
+     ex((0.09926141, 0.25347289, 0.6472657, 0.09058596, 0.24527818, 0.66413586),
+        a=f32((3, 1, 2), 1, 2, 3, 1, 2, 3), mask=f32((3,), 0, -1, -2), max_bias=8.0,
+        note="two heads: slopes 2^(-8/2)^1 = 1/16 and (1/16)^2 = 1/256 multiply the mask row [0, -1, -2]"),
+     "x = a * scale + slope(i2) * mask[i0, i1, i2 mod m2, i3 mod m3] (mask 0 when absent), rounded to float32; "
+     "per row: out = exp(x - max) / sum(exp(x - max)). ALiBi slope of head h = i2, with n_head = a.ne2, "
+     "L = 2^floor(log2(n_head)), m0 = 2^(-max_bias / L), m1 = 2^(-max_bias / (2 L)): slope = m0^(h+1) if h < L "
+     "else m1^(2(h - L) + 1); slope = 1 when max_bias = 0. Sinks: s = sinks[i2] takes part in the max "
+     "(max = max(max_i x_i, s)) and adds exp(s - max) to the denominator only; it has no output column.")
 define("SOFT_MAX_BACK", Op.SOFT_MAX_BACK, (Src("dy", ONLY_F32), Src("y", ONLY_F32)), _pair_rule("dy", "y"),
        "scale * y * (dy - <y, dy>) per row",
        params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0)), nmse=1e-6)
+spec("SOFT_MAX_BACK", "dy's type and shape; dy and y of one shape", IEEE_SPECIAL,
+     ex((0.16, -0.06, -0.1), dy=f32((3,), 1, 0, 0), y=f32((3,), 0.2, 0.3, 0.5)),
+     "per row: out = scale * y * (dy - sum(y * dy)); y is softmax's output; max_bias is carried for ggml's "
+     "interface and not used")
 define("CLAMP", Op.CLAMP, A, _clamp_rule, "min(max(x, min), max)",
        params=(Param("min", float), Param("max", float)), inplace=True, family="unary",
        grad={"a": lambda B, n, g: B.mul(g, _step_between(B, n.src[0], n.params["min"], n.params["max"]))})
+spec("CLAMP", ELEMENTWISE_SHAPE + "; min <= max",
+     "MAX(MIN(x, max), min) with C's MIN(a, b) = a < b ? a : b and MAX(a, b) = a > b ? a : b: NaN gives max",
+     ex((-1.0, -0.5, 0.0, 1.0), a=f32((4,), -2, -0.5, 0, 1.5), min=-1.0, max=1.0), "out = MAX(MIN(x, max), min)")
 define("PAD", Op.PAD, (Src("a", ONLY_F32),), _pad_rule,
        "a with lp_i / rp_i elements added before / after dim i: zeros, or a's values wrapped around "
        "(circular)",
        params=tuple(Param(n, int, 0, min=0, max=INT32_MAX) for n in _PADS) + (Param("circular", bool, False),))
+spec("PAD", "a's type, ne_i = a.ne_i + lp_i + rp_i", COPY_SPECIAL,
+     ex((0.0, 1.0, 2.0, 0.0, 0.0), a=f32((2,), 1, 2), lp0=1, rp0=2),
+     "out[i] = a[i - lp] where every i_k - lp_k lies in [0, a.ne_k), else 0; circular: "
+     "a[(i_k - lp_k) mod a.ne_k] in every dim")
 define("PAD_REFLECT_1D", Op.PAD_REFLECT_1D, (Src("a", ONLY_F32),), _pad_reflect_rule,
        "a with p0 / p1 elements mirrored before / after each row, the edge not repeated",
        params=(Param("p0", int, min=0, max=INT32_MAX), Param("p1", int, min=0, max=INT32_MAX)))
+spec("PAD_REFLECT_1D", "a's type, [ne0 + p0 + p1, ne1, ne2, ne3]; a contiguous; p0, p1 < ne0", COPY_SPECIAL,
+     ex((2.0, 1.0, 2.0, 3.0, 2.0, 1.0), a=f32((3,), 1, 2, 3), p0=1, p1=2),
+     "out[p0 + i] = a[i]; out[p0 - j] = a[j] and out[p0 + ne0 - 1 + j] = a[ne0 - 1 - j] for j = 1..p")
 define("ARANGE", Op.ARANGE, (), _arange_rule,
        "F32 [ceil((stop - start) / step)]: start + i * step (no source tensor)",
        params=(Param("start", float), Param("stop", float), Param("step", float, 1.0)))
+spec("ARANGE", "F32 [ceil((stop - start) / step)] computed in float32; stop > start, step > 0", "finite params only",
+     ex((0.0, 0.25, 0.5, 0.75), start=0.0, stop=1.0, step=0.25), "out[i] = start + i * step")
 define("TIMESTEP_EMBEDDING", Op.TIMESTEP_EMBEDDING, (Src("timesteps", ONLY_F32),), _timestep_rule,
        "F32 [dim, N]: cos(t f_j) at j, sin(t f_j) at j + dim/2, f_j = max_period^(-j / (dim/2)); "
        "odd dim: last column 0",
        params=(Param("dim", int, min=1, max=INT32_MAX), Param("max_period", int, 10000, min=1, max=INT32_MAX)))
+spec("TIMESTEP_EMBEDDING", "F32 [dim, N] for timesteps F32 [N] (contiguous)", IEEE_SPECIAL,
+     ex((-0.41614684, 0.99980001, 0.90929743, 0.019998667), timesteps=f32((1,), 2.0), dim=4, max_period=10000),
+     "half = floor(dim / 2), f_j = exp(-ln(max_period) * j / half): out[j] = cos(t f_j), out[j + half] = sin(t f_j) "
+     "for j < half; odd dim: out[dim - 1] = 0")
 define("ARGSORT", Op.ARGSORT, (Src("a", ONLY_F32),), _argsort_rule,
        "I32 indices that sort each row ASC or DESC (tie order unspecified in ggml; stable here)",
        params=(Param("order", SortOrder, SortOrder.ASC),), nmse=0.0, nograd="integer result")
+spec("ARGSORT", "I32 of a's shape (F32 a)", "NaN has no defined place (ggml's comparison sort); not tested",
+     ex((1, 3, 0, 2), a=f32((4,), 0.5, -1, 2, 0)),
+     "per row: the indices i0 ordered so that a[out[0]] <= a[out[1]] <= ... (DESC: >=); ties in any order in ggml, "
+     "stable here; the suite uses distinct values")
 define("LEAKY_RELU", Op.LEAKY_RELU, A, same_as(), "max(x, 0) + negative_slope * min(x, 0)",
        params=(Param("negative_slope", float),), inplace=True, family="unary",
        grad={"a": lambda B, n, g: B.mul(g, B.scale_bias(B.step(n.src[0]), 1.0 - n.params["negative_slope"],
                                                           n.params["negative_slope"]))})
+spec("LEAKY_RELU", ELEMENTWISE_SHAPE,
+     "(x > 0 ? x : 0) + negative_slope * (x < 0 ? x : 0): NaN gives +0.0, -0.0 gives +0.0",
+     ex((-0.2, -0.05, 0.0, 1.5), a=f32((4,), -2, -0.5, 0, 1.5), negative_slope=0.1),
+     "out = (x > 0 ? x : 0) + negative_slope * (x < 0 ? x : 0)")
 
 UNARY_DOCS = {
     UnaryOp.ABS: "|x|", UnaryOp.SGN: "sign(x), 0 at 0", UnaryOp.NEG: "-x", UnaryOp.STEP: "1 if x > 0 else 0",
@@ -835,19 +1073,74 @@ for _u in UnaryOp:
            params=XIELU_PARAMS if _u == UnaryOp.XIELU else (),
            grad={"a": IGNORE} if _u.name in PIECEWISE_CONSTANT else {"a": _G[_u.name]} if _u.name in _G else {},
            nograd="" if _u.name in _G or _u.name in PIECEWISE_CONSTANT else "derivative rule not written yet")
+# Worked examples of the unary sub-ops (values from the formulas by hand, 8 digits) and what their C
+# expressions give for NaN and signed zeros (comparisons with NaN are false).
+_ROUNDING_X = (-2.5, -0.5, 0.4, 1.5)
+UNARY_EXAMPLES = {
+    "ABS": (2.0, 0.5, 0.0, 1.5), "SGN": (-1.0, -1.0, 0.0, 1.0), "NEG": (2.0, 0.5, -0.0, -1.5),
+    "STEP": (0.0, 0.0, 0.0, 1.0), "TANH": (-0.96402758, -0.46211716, 0.0, 0.90514825),
+    "ELU": (-0.86466472, -0.39346934, 0.0, 1.5), "RELU": (0.0, 0.0, 0.0, 1.5),
+    "SIGMOID": (0.11920292, 0.37754067, 0.5, 0.81757448), "GELU": (-0.045402306, -0.15428599, 0.0, 1.3995716),
+    "GELU_QUICK": (-0.064341377, -0.14961156, 0.0, 1.3916622), "SILU": (-0.23840584, -0.18877033, 0.0, 1.2263617),
+    "HARDSWISH": (-0.33333333, -0.20833333, 0.0, 1.125), "HARDSIGMOID": (0.16666667, 0.41666667, 0.5, 0.75),
+    "EXP": (0.13533528, 0.60653066, 1.0, 4.4816891), "EXPM1": (-0.86466472, -0.39346934, 0.0, 3.4816891),
+    "SOFTPLUS": (0.12692801, 0.47407698, 0.69314718, 1.7014133),
+    "GELU_ERF": (-0.045500264, -0.15426877, 0.0, 1.3997892),
+    "XIELU": (0.89725955, -0.071976544, -1.6710998e-06, 3.3849765),
+    "FLOOR": (-3.0, -1.0, 0.0, 1.0), "CEIL": (-2.0, -0.0, 1.0, 2.0), "ROUND": (-3.0, -1.0, 0.0, 2.0),
+    "TRUNC": (-2.0, -0.0, 0.0, 1.0),
+}
+UNARY_SPECIAL = {
+    "SGN": "x > 0 ? 1 : (x < 0 ? -1 : 0): NaN gives 0, -0.0 gives +0.0",
+    "RELU": "x > 0 ? x : 0: NaN gives 0, -0.0 gives +0.0",
+    "STEP": "x > 0 ? 1 : 0: NaN gives 0",
+    "HARDSIGMOID": "fminf(1, fmaxf(0, (x + 3) / 6)): NaN gives 0 (fmaxf drops the NaN)",
+    "HARDSWISH": "x * fminf(1, fmaxf(0, (x + 3) / 6)): NaN gives NaN (x * 0 with x NaN)",
+    "ELU": "x > 0 ? x : expm1(x): -0.0 gives -0.0, NaN gives NaN",
+    "ROUND": "C's roundf: half away from zero, the sign kept (-0.4 gives -0.0)",
+    "ABS": "|-0.0| = +0.0; NaN stays NaN", "NEG": "-(+0.0) = -0.0; NaN stays NaN",
+    "SOFTPLUS": "x > 20 returns x itself (no overflow of exp); NaN gives NaN",
+    "XIELU": "at x = 0 the negative branch applies: (expm1(eps) - 0) * an, a tiny negative value",
+}
+for _u in UnaryOp:
+    spec(_u.name, ELEMENTWISE_SHAPE, UNARY_SPECIAL.get(_u.name, IEEE_SPECIAL),
+         ex(UNARY_EXAMPLES[_u.name], a=f32((4,), *(_ROUNDING_X if _u.name in PIECEWISE_CONSTANT - {"SGN", "STEP"}
+                                                 else _X)), rtol=2e-6),
+         "elementwise: out = " + UNARY_DOCS[_u] + "; float32 math where ggml uses it (a few ulp), F16/BF16 "
+         "results rounded once from the float32 value"
+         + ("; defaults alpha_n = alpha_p = 0.8, beta = 0.5, eps = -1e-6; softplus(y) = ln(1 + e^y)"
+            if _u == UnaryOp.XIELU else ""))
 
 define("CROSS_ENTROPY_LOSS", Op.CROSS_ENTROPY_LOSS, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_rule,
        "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions",
        grad={"a": lambda B, n, g: B.cross_entropy_loss_back(g, n.src[0], n.src[1])},
        nograd="the gradient of the labels is not implemented (as in ggml)")
+spec("CROSS_ENTROPY_LOSS", "F32 [1, 1, 1, 1]; a (logits) and b (label distributions) of one shape",
+     "log_softmax via the row max; b = 0 where a is -inf contributes 0 in ggml's form only if finite: not tested",
+     ex((0.40760596,), a=f32((3,), 1, 2, 3), b=f32((3,), 0, 0, 1)),
+     "loss = -(1 / nrows) * sum_rows sum_i b[i] * (a[i] - max - ln(sum_j exp(a[j] - max)))")
 define("CROSS_ENTROPY_LOSS_BACK", Op.CROSS_ENTROPY_LOSS_BACK,
        (Src("grad", ONLY_F32), Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_back_rule,
        "(softmax(a) - b) * grad / nrows")
+spec("CROSS_ENTROPY_LOSS_BACK", "F32 of a's shape; grad a one-element tensor", IEEE_SPECIAL,
+     ex((0.090030573, 0.24472847, -0.33475904), grad=f32((1,), 1.0), a=f32((3,), 1, 2, 3), b=f32((3,), 0, 0, 1)),
+     "out = (softmax(a) - b) * grad[0] / nrows, softmax per row")
 define("OPT_STEP_ADAMW", Op.OPT_STEP_ADAMW,
        tuple(Src(n, ONLY_F32) for n in ("a", "grad", "m", "v", "params")), _opt_step_rule(7, ("m", "v")),
        "AdamW step on a in place; params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]")
+spec("OPT_STEP_ADAMW", "the result is a (updated in place, as are m and v); a a parameter; grad, m, v of a's shape; "
+     "params F32 [7]", IEEE_SPECIAL,
+     ex((0.9,), a=f32((1,), 1.0), grad=f32((1,), 0.5), m=f32((1,), 0.0), v=f32((1,), 0.0),
+        params=f32((7,), 0.1, 0.9, 0.999, 1e-8, 0.0, 10.0, 1000.0),
+        note="first step: beta1h = 1/(1 - 0.9) = 10, beta2h = 1/(1 - 0.999) = 1000; m = 0.05, v = 0.00025"),
+     "with params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]: m = beta1 m + (1 - beta1) g; "
+     "v = beta2 v + (1 - beta2) g^2; a = a (1 - alpha wd) - alpha (m beta1h) / (sqrt(v beta2h) + eps); "
+     "beta1h = 1 / (1 - beta1^t), beta2h = 1 / (1 - beta2^t) are supplied by the caller")
 define("OPT_STEP_SGD", Op.OPT_STEP_SGD, tuple(Src(n, ONLY_F32) for n in ("a", "grad", "params")),
        _opt_step_rule(2, ()), "SGD step on a in place; params = [alpha, wd]: a = a (1 - alpha wd) - alpha grad")
+spec("OPT_STEP_SGD", "the result is a (updated in place); a a parameter; grad of a's shape; params F32 [2]",
+     IEEE_SPECIAL, ex((0.9, 2.0), a=f32((2,), 1, 2), grad=f32((2,), 0.5, -1), params=f32((2,), 0.1, 0.5)),
+     "a = a * (1 - alpha * wd) - alpha * grad, params = [alpha, wd]")
 
 
 GLU_DOCS = {
@@ -864,6 +1157,18 @@ for _g in GluOp:
            sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()),
            grad={"a": _glu_split_only("a"), "b": _glu_split_only("b")} if _g == GluOp.SWIGLU else {},
            nograd="" if _g == GluOp.SWIGLU else "derivative rule not written yet (ggml has SWIGLU only)")
+GLU_EXAMPLES = {"REGLU": (0.0, 1.0), "GEGLU": (-0.47642403, 0.97729885), "SWIGLU": (-0.80682426, 0.88079708),
+                "SWIGLU_OAI": (-0.38551059, 2.0874933), "GEGLU_ERF": (-0.47596576, 0.97724987),
+                "GEGLU_QUICK": (-0.4626127, 0.96782931)}
+for _g in GluOp:
+    spec(_g.name, "a's type; split form: [a.ne0 / 2, ne1, ne2, ne3] (a.ne0 even); with b: a's shape (b of a's "
+         "shape and type); a (and b) contiguous apart from the row stride", IEEE_SPECIAL,
+         ex(GLU_EXAMPLES[_g.name], a=f32((4,), -1.0, 2.0, 3.0, 0.5), rtol=2e-6,
+            **({"alpha": 1.702, "limit": 1.5} if _g == GluOp.SWIGLU_OAI else {}),
+            note="the row [-1, 2, 3, 0.5] splits into x = [-1, 2] and g = [3, 0.5]"
+                 + ("; x' = min(x, 1.5), g' = clamp(g, -1.5, 1.5)" if _g == GluOp.SWIGLU_OAI else "")),
+         "split form: x = a[0 : n], g = a[n : 2n] of each row, n = a.ne0 / 2 (swapped: x the second half); "
+         "with b: x = a, g = b; out = " + GLU_DOCS[_g])
 
 
 def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]) -> Out | ViewOut:

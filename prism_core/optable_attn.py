@@ -8,11 +8,14 @@ from __future__ import annotations
 from .errors import InvalidArgument
 from .ops import Op, RopeMode
 from .optable import (
+    COPY_SPECIAL,
     FLOATS,
+    IEEE_SPECIAL,
     IGNORE,
     ONLY_F32,
     QUANT_WEIGHTS,
     QUANT_WRITABLE,
+    REDUCE_SPECIAL,
     Out,
     Src,
     ViewOut,
@@ -20,6 +23,9 @@ from .optable import (
     _quantized_needs_f32,
     define,
     divides,
+    ex,
+    f32,
+    spec,
 )
 from .params import Param
 from .semantics import rope_yarn_corr_dims
@@ -91,10 +97,32 @@ _ROPE_DOC = ("rotate dim pairs of each row by angle pos * freq_base^(-2k/n_dims)
 define("ROPE", Op.ROPE, ROPE_SRCS, _rope_rule, _ROPE_DOC, params=ROPE_PARAMS, inplace=True,
        grad={"a": _rope_grad(False), "pos": IGNORE},
        nograd="the gradient of freq_factors is not implemented (as in ggml)")
+spec("ROPE", "a's type and shape: a [head_dim ne0, n_head ne1, n_tokens ne2, ne3] with contiguous rows; pos I32 "
+     "[ne2] (MROPE/VISION/IMROPE: [4 * ne2], stream s at s * ne2 + i2); freq_factors F32 [>= n_dims/2]; n_dims "
+     "even, 0 < n_dims, n_offs even, n_offs + n_dims <= ne0", IEEE_SPECIAL,
+     ex((0.54030231, 0.84147098, 0.99995, 0.0099998333), a=f32((4,), 1, 0, 1, 0), pos=(I32, (1,), (1,)), n_dims=4,
+        note="position 1: pair (0, 1) turns by 1 rad, pair (2, 3) by 10000^(-2/4) = 0.01 rad"),
+     "Pairs k = 0 .. n_pairs - 1 (n_pairs = n_dims / 2; VISION: n_dims) rotate elements (first, second): NORMAL "
+     "(n_offs + 2k, n_offs + 2k + 1); NEOX, MROPE, IMROPE (n_offs + k, n_offs + k + n_dims/2); VISION (k, k + n_dims). "
+     "inv_freq(k) = freq_base^(-2k / n_dims). Position p of token i2: pos[i2], or for the multi-stream modes "
+     "pos[s * ne2 + i2] with s chosen per pair from sect = k mod (t + h + w + e), sections = [t, h, w, e]: MROPE and "
+     "VISION s = 0 if sect < t, 1 if sect < t + h, 2 if sect < t + h + w, else 3 (VISION also restarts the "
+     "frequency per section: inv_freq = freq_base^(-2 (sect - start of its section) / n_dims)); IMROPE s = 1 if "
+     "sect mod 3 = 1 and sect < 3h, 2 if sect mod 3 = 2 and sect < 3w, 0 if sect mod 3 = 0 and sect < 3t, else 3. "
+     "theta_extrap = p * inv_freq(k) / freq_factors[k] (1 without freq_factors), theta_interp = freq_scale * "
+     "theta_extrap, theta = theta_interp * (1 - mix) + theta_extrap * mix. YaRN (ext_factor != 0 only): low = "
+     "max(0, floor(c(beta_fast))), high = min(n_dims - 1, ceil(c(beta_slow))), c(b) = n_dims ln(n_ctx_orig / (2 pi "
+     "b)) / (2 ln freq_base); mix = ext_factor * (1 - clamp((k - low) / max(0.001, high - low), 0, 1)); mscale = "
+     "attn_factor (1 + 0.1 ln(1 / freq_scale)); otherwise mix = 0 and mscale = attn_factor. Then first' = "
+     "(first cos theta - second sin theta) mscale, second' = (first sin theta + second cos theta) mscale; every "
+     "element not in a pair is copied unchanged.")
 define("ROPE_BACK", Op.ROPE_BACK, ROPE_SRCS, _rope_rule,
        "the transpose (inverse rotation) of ROPE with the same parameters: ROPE's gradient",
        params=ROPE_PARAMS, grad={"a": _rope_grad(True), "pos": IGNORE},
        nograd="the gradient of freq_factors is not implemented")
+spec("ROPE_BACK", "as ROPE: a's type and shape, the same sources and params", IEEE_SPECIAL,
+     ex((0.54030231, -0.84147098, 0.99995, -0.0099998333), a=f32((4,), 1, 0, 1, 0), pos=(I32, (1,), (1,)), n_dims=4),
+     "ROPE with every angle negated (sin -> -sin): the transpose of ROPE's rotation, with the same mscale")
 
 
 def _flash_attn_rule(d, s, p):
@@ -130,6 +158,17 @@ define("FLASH_ATTN_EXT", Op.FLASH_ATTN_EXT,
        params=(Param("scale", float, 1.0), Param("max_bias", float, 0.0, min=0.0),
                Param("logit_softcap", float, 0.0, min=0.0)), nmse=5e-4,
        nograd="no backward rule yet (ggml has none either)")
+spec("FLASH_ATTN_EXT", "F32 [Dv, n_head, n_q, B] (heads and queries swapped against q) for q F32 [Dk, n_q, "
+     "n_head, B], k [Dk, n_kv, n_head_kv, B], v [Dv, n_kv, n_head_kv, B] (n_head_kv divides n_head), mask F16 "
+     "[n_kv, >= n_q, m2, m3] contiguous (m2 divides n_head, m3 divides B), sinks F32 [n_head]",
+     "a query whose scores are all -inf after the mask gives NaN (0/0) in ggml's reference; the suite avoids it",
+     ex((1.5378828, 2.5378828), q=f32((2,), 1, 0), k=f32((2, 2), 1, 0, 0, 1), v=f32((2, 2), 1, 2, 3, 4),
+        note="scores q.k = [1, 0]; weights e/(e+1), 1/(e+1) applied to the value rows [1, 2] and [3, 4]"),
+     "for head h, query iq, batch b: kv head hk = h / (n_head / n_head_kv) (blockwise, GQA). s_j = scale * "
+     "q[:, iq, h, b] . k[:, j, hk, b]; with logit_softcap c > 0: s_j = c * tanh(s_j / c); s_j += slope(h) * "
+     "mask[j, iq, h mod m2, b mod m3] (slope as SOFT_MAX's ALiBi with n_head = q.ne2); w = softmax_j(s) (a sink "
+     "joins the max and the denominator as in SOFT_MAX); out[:, h, iq, b] = sum_j w_j v[:, j, hk, b]. "
+     "F16/BF16 k, v are converted exactly; the reference rounds the scores to float32")
 
 
 def _mul_mat_id_rule(d, s, p):
@@ -153,6 +192,13 @@ define("MUL_MAT_ID", Op.MUL_MAT_ID,
        _mul_mat_id_rule,
        "out[:, e, t] = as[:, :, ids[e, t]] x b[:, e mod b.ne[1], t]: each token through its chosen experts",
        nmse=5e-4, nograd="no backward rule yet (ggml has none either)")
+spec("MUL_MAT_ID", "F32 [as.ne1, n_used, n_tokens, 1] for as [K, M, n_experts], b [K, b.ne1, n_tokens], ids "
+     "I32 [n_used, n_tokens]; b.ne1 divides n_used; as of a block type needs an F32 b", REDUCE_SPECIAL
+     + "; an id outside [0, n_experts) is an error in ggml (not tested)",
+     ex((5.0, -6.0, 17.0, 39.0), **{"as": f32((2, 2, 2), 1, 2, 3, 4, 1, 0, 0, -1)}, b=f32((2,), 5, 6),
+        ids=(I32, (2,), (1, 0)),
+        note="token 0 uses expert 1 (rows [1, 0], [0, -1]) then expert 0 (rows [1, 2], [3, 4])"),
+     "out[m, e, t] = sum_k as[k, m, ids[e, t]] * b[k, e mod b.ne1, t]")
 
 
 def _set_rows_rule(d, s, p):
@@ -175,5 +221,11 @@ define("SET_ROWS", Op.SET_ROWS,
        "a[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to a's type; the result is a "
        "(sources in ggml's order: values, indices, destination)",
        nograd="scatter into an existing tensor: no backward rule (as in ggml)")
+spec("SET_ROWS", "the result is a (a view of it); b F32/F16 [n, m, S2, S3], c I32/I64 [m, C1, C2] (C1 divides S2, "
+     "C2 divides S3), a [n, R, S2, S3] with contiguous rows (as b)", COPY_SPECIAL
+     + "; F32 -> F16/BF16 rounds to nearest even; an index outside [0, R) is an error in ggml (not tested)",
+     ex((1.0, 2.0, 7.0, 8.0, 5.0, 6.0), b=f32((2,), 7, 8), c=(I32, (1,), (1,)), a=f32((2, 3), 1, 2, 3, 4, 5, 6)),
+     "a[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to a's type (block types: ggml's reference "
+     "quantizer per row); rows of a not named in c keep their values")
 
 __all__ = ["ROPE_PARAMS", "MROPE_MODES"]

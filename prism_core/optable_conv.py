@@ -11,7 +11,21 @@ import enum
 
 from .errors import InvalidArgument, ShapeMismatch, TypeMismatch
 from .ops import Op
-from .optable import FLOATS, IGNORE, INT32_MAX, ONLY_F32, Out, Src, _fail, define
+from .optable import (
+    COPY_SPECIAL,
+    FLOATS,
+    IGNORE,
+    INT32_MAX,
+    ONLY_F32,
+    REDUCE_SPECIAL,
+    Out,
+    Src,
+    _fail,
+    define,
+    ex,
+    f32,
+    spec,
+)
 from .params import Param
 from .types import F16, F32, GGMLType, traits
 
@@ -125,11 +139,22 @@ define("IM2COL", Op.IM2COL, (Src("a", FLOATS), Src("b", FLOATS)), _im2col_rule,
        "1D -> [IC*K, OL, N, 1]; column index ic*KH*KW + kh*KW + kw; taps outside b read 0",
        params=_IM2COL_PARAMS + (Param("dst_type", GGMLType, F32, doc="result type, f32 or f16"),),
        grad={"a": IGNORE, "b": _im2col_grad})  # the kernel a only supplies its shape
+spec("IM2COL", "dst_type (F32 or F16); 2D: [IC*KH*KW, OW, OH, N] for kernel a [KW, KH, IC, OC] and b "
+     "[W, H, IC, N]; 1D: [IC*K, OL, N, 1] for a [K, IC, OC] and b [L, IC, N]; "
+     "O = (in + 2p - d(k - 1) - 1) / s + 1", COPY_SPECIAL,
+     ex((1.0, 2.0, 2.0, 3.0), a=f32((2,), 0, 0), b=f32((3,), 1, 2, 3), is_2D=False,
+        note="1D, kernel of 2 taps: the two windows [1, 2] and [2, 3]"),
+     "2D: out[ic*KH*KW + kh*KW + kw, ow, oh, n] = b[ow*s0 + kw*d0 - p0, oh*s1 + kh*d1 - p1, ic, n], 0 outside b; "
+     "1D the same without the kh / oh dims. The kernel's values are not read")
 define("IM2COL_BACK", Op.IM2COL_BACK, (Src("grad", FLOATS), Src("kernel", FLOATS)), _im2col_back_rule,
        "adjoint of IM2COL: F32 of the input extents ne, each input element the sum of the grad columns "
        "that read it", params=_IM2COL_PARAMS[:6] + (Param("ne", tuple, length=4, doc="input extents"),
                                                      _IM2COL_PARAMS[6]),
        nograd="backward ops are not differentiated (as in ggml)")
+spec("IM2COL_BACK", "F32 of extents ne (the input's); grad of IM2COL's result shape for that input and kernel",
+     REDUCE_SPECIAL, ex((1.0, 2.0, 1.0), grad=f32((2, 2), 1, 1, 1, 1), kernel=f32((2,), 0, 0), ne=(3, 1, 1, 1),
+                        is_2D=False, note="the middle element is read by both windows"),
+     "out[x] = sum of grad[column, position] over every (column, position) whose IM2COL tap reads input element x")
 
 
 # ------------------------------------------------------------------ convolutions
@@ -164,12 +189,20 @@ define("CONV_TRANSPOSE_1D", Op.CONV_TRANSPOSE_1D, (Src("a", FLOATS), Src("b", FL
        params=(Param("s0", int, 1, min=1, max=_BIG), Param("p0", int, 0, min=0, max=_BIG, doc="must be 0"),
                Param("d0", int, 1, min=1, max=_BIG, doc="must be 1")),
        nograd="derivative rule not written (ggml has none)")
+spec("CONV_TRANSPOSE_1D", "F32 [(L - 1) * s0 + K, OC] for a [K, OC, IC], b [L, IC]; p0 = 0, d0 = 1", REDUCE_SPECIAL,
+     ex((3.0, 10.0, 8.0), a=f32((2,), 1, 2), b=f32((2,), 3, 4)),
+     "out[l*s0 + k, oc] = sum over (l, k) landing there and ic of a[k, oc, ic] * b[l, ic]")
 define("CONV_2D", Op.CONV_2D, (Src("a", FLOATS), Src("b", F32_F16)), _conv_2d_rule,
        "direct 2D convolution: a [KW, KH, IC, OC], b [W, H, IC, N] -> b's type [OW, OH, OC, N], "
        "out = sum_{ic,kh,kw} a[kw,kh,ic,oc] b[ow*s0 + kw*d0 - p0, oh*s1 + kh*d1 - p1, ic, n] (outside b: 0)",
        params=tuple(Param(k, int, 1 if k[0] in "sd" else 0, min=1 if k[0] in "sd" else 0, max=_BIG)
                     for k in _CONV_PARAM_KEYS),
        nmse=5e-4, nograd="derivative rule not written (ggml has none)")
+spec("CONV_2D", "b's type, [OW, OH, OC, N] for a [KW, KH, IC, OC], b [W, H, IC, N]; "
+     "O = (in + 2p - d(k - 1) - 1) / s + 1 >= 1", REDUCE_SPECIAL,
+     ex((-3.0, -5.0), a=f32((2,), 1, -1), b=f32((3,), 1, 4, 9)),
+     "out[ow, oh, oc, n] = sum_{ic, kh, kw} a[kw, kh, ic, oc] * b[ow*s0 + kw*d0 - p0, oh*s1 + kh*d1 - p1, ic, n] "
+     "(0 outside b); a F16 kernel is converted exactly")
 
 
 # ------------------------------------------------------------------ pooling
@@ -220,15 +253,30 @@ define("POOL_1D", Op.POOL_1D, (Src("a", F32_F16),), _pool_1d_rule,
        params=(Param("op", PoolOp, doc="MAX or AVG"), Param("k0", int, min=1, max=_BIG),
                Param("s0", int, min=1, max=_BIG), Param("p0", int, 0, min=0, max=_BIG)),
        nograd="derivative rule not written (ggml has none)")
+spec("POOL_1D", "F32 [(ne0 + 2 p0 - k0) / s0 + 1, ne1, ne2, ne3]; p0 < k0",
+     "MAX: as POOL_2D (res = v < res ? res : v from -FLT_MAX over the taps inside a); AVG: IEEE",
+     ex((3.0, 5.0), a=f32((4,), 1, 3, 2, 5), op="MAX", k0=2, s0=2),
+     "window o covers taps i = o*s0 - p0 .. o*s0 - p0 + k0 - 1; taps outside a are ignored; MAX: their maximum; "
+     "AVG: their sum / the number of taps inside a")
 define("POOL_2D", Op.POOL_2D, (Src("a", F32_F16),), _pool_2d_rule,
        "F32 pooling over dims 0, 1 with windows k0 x k1, strides s0, s1, padding p0, p1: MAX of the taps "
        "inside a (-FLT_MAX if none), or AVG = their sum / (k0*k1) (padding counts)",
        params=_POOL_2D_PARAMS,
        grad={"a": lambda B, n, g: B.pool_2d_back(g, n.src[0], **{k: n.params[k] for k in _POOL_KEYS})})
+spec("POOL_2D", "F32 [(ne0 + 2 p0 - k0) / s0 + 1, (ne1 + 2 p1 - k1) / s1 + 1, ne2, ne3]",
+     "MAX: res = v < res ? res : v from -FLT_MAX, padding skipped: a NaN tap makes res NaN and the next tap "
+     "replaces it (v < NaN is false), so NaN survives only as a window's last tap; AVG: IEEE",
+     ex((2.5,), a=f32((2, 2), 1, 2, 3, 4), op="AVG", k0=2, k1=2, s0=2, s1=2),
+     "window (o0, o1) covers taps (o0*s0 - p0 + i, o1*s1 - p1 + j), i < k0, j < k1; MAX: the maximum of the taps "
+     "inside a (-FLT_MAX if none); AVG: the sum of the taps inside a divided by k0*k1 (padding counts)")
 define("POOL_2D_BACK", Op.POOL_2D_BACK, (Src("grad", F32_F16), Src("af", F32_F16)), _pool_2d_back_rule,
        "adjoint of POOL_2D: F32 of af's extents; MAX sends each grad to the first maximal tap of its window, "
        "AVG spreads grad / (k0*k1) over the taps inside af",
        params=_POOL_2D_PARAMS, nograd="backward ops are not differentiated (as in ggml)")
+spec("POOL_2D_BACK", "F32 of af's shape; grad of POOL_2D's result shape for af", REDUCE_SPECIAL,
+     ex((0.0, 0.0, 0.0, 4.0), grad=f32((1,), 4.0), af=f32((2, 2), 1, 2, 3, 4), op="MAX", k0=2, k1=2, s0=2, s1=2),
+     "MAX: each grad element is added to the first maximal tap of its window (in row-major tap order); AVG: "
+     "grad / (k0*k1) is added to every tap of its window inside af")
 
 
 # ------------------------------------------------------------------ upscale
@@ -250,3 +298,8 @@ define("UPSCALE", Op.UPSCALE, (Src("a", ONLY_F32),), _upscale_rule,
        params=(Param("ne", tuple, length=4, doc="result extents"), Param("mode", ScaleMode, ScaleMode.NEAREST),
                Param("align_corners", bool, False, doc="GGML_SCALE_FLAG_ALIGN_CORNERS (BILINEAR only)")),
        nograd="derivative rule not written (ggml has none)")
+spec("UPSCALE", "F32 of extents ne (every extent >= 1; a non-empty)", COPY_SPECIAL + " (NEAREST); BILINEAR: IEEE",
+     ex((1.0, 1.0, 2.0, 2.0), a=f32((2,), 1, 2), ne=(4, 1, 1, 1)),
+     "sf_i = ne_i / a.ne_i (float32). NEAREST: out[i] = a[floor(i_k / sf_k) per dim]. BILINEAR (dims 0, 1; "
+     "nearest along 2, 3): source coordinate x = (i + 0.5) / sf - 0.5, clamped at the edges, weights from the two "
+     "neighbours; align_corners: x = i * (a.ne - 1) / (ne - 1)")

@@ -18,10 +18,13 @@ selecting a backend by name asks only that backend.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import os
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -31,7 +34,7 @@ import pluggy
 
 from . import hookspecs
 from .backend import Backend
-from .errors import BackendUnavailable, UnknownBackend
+from .errors import BackendUnavailable, InvalidArgument, UnknownBackend
 
 ENTRY_POINT_GROUP = "prism.backends"
 ENV_BACKEND = "PRISM_BACKEND"
@@ -132,7 +135,17 @@ def _is_own(ep: metadata.EntryPoint | None, backend: Backend) -> bool:
         return False
     path = Path(file).resolve()
     where = path.parent.parent if path.name == "__init__.py" else path.parent
-    return where in _own_roots()
+    return where in _own_roots() or any(path in _shipped_files(d) for d in metadata.distributions()
+                                        if _canonical(d.metadata["Name"] or "") == OWN_DISTRIBUTION)
+
+
+def _shipped_files(dist: metadata.Distribution) -> frozenset[Path]:
+    """The files an installed prism-tensor wheel recorded, when it also ships the core itself (so
+    a source checkout's prism_core on sys.path still recognises the installed built-in backends,
+    and a distribution that only borrows the name ships no prism_core)."""
+    files = [dist.locate_file(f) for f in dist.files or () if str(f).endswith(".py")]
+    paths = frozenset(Path(f).resolve() for f in files)
+    return paths if any(p.parts[-2:] == ("prism_core", "__init__.py") for p in paths) else frozenset()
 
 
 def _hook_problem(pm: pluggy.PluginManager, plugin: Any) -> str:
@@ -160,6 +173,8 @@ def _hook_problem(pm: pluggy.PluginManager, plugin: Any) -> str:
 
 
 class Registry:
+    default: Backend | str | None = None  # set by use_backend(): the process-wide choice
+
     def __init__(self) -> None:
         self._loaded = False
         self._extra: list[tuple[str, Any]] = []
@@ -268,7 +283,10 @@ class Registry:
 
     def get(self, name: str | None = None) -> Backend:
         if name is None:
-            name = os.environ.get(ENV_BACKEND) or None
+            chosen = _SCOPED.get() or self.default
+            if isinstance(chosen, Backend):
+                return chosen
+            name = chosen or os.environ.get(ENV_BACKEND) or None
         if name is None:
             ranked = self._ranked()
             for e in ranked:  # availability is asked best first, up to the first available backend
@@ -353,8 +371,43 @@ def backends() -> list[BackendInfo]:
 
 
 def backend(name: str | None = None) -> Backend:
-    """The backend called ``name``; else ``$PRISM_BACKEND``; else the best available one."""
+    """The backend called ``name`` (a lookup: it selects nothing); without a name the one
+    compute would use: the innermost :func:`using_backend` block's, else :func:`use_backend`'s,
+    else ``$PRISM_BACKEND``'s, else the best available one."""
     return REGISTRY.get(name)
+
+
+# using_backend()'s choice: per thread (and per asyncio task), innermost block first
+_SCOPED: contextvars.ContextVar[Backend | str | None] = contextvars.ContextVar("prism_backend", default=None)
+
+
+def _checked_choice(b: Backend | str, who: str) -> Backend | str:
+    if isinstance(b, Backend):
+        return b
+    if not isinstance(b, str):
+        raise InvalidArgument(f"{who}: expected a Backend or a backend name, got {type(b).__name__}")
+    REGISTRY.get(b)  # unknown or unavailable: refused now, not at the first compute
+    return b
+
+
+def use_backend(b: Backend | str | None) -> Backend | None:
+    """Make ``b`` the process-wide default backend (every thread, every later compute or
+    plan without an explicit backend); ``None`` goes back to ``$PRISM_BACKEND`` / the best
+    available one. Returns the backend now selected by default (None after clearing)."""
+    REGISTRY.default = None if b is None else _checked_choice(b, "use_backend")
+    return None if b is None else REGISTRY.get()
+
+
+@contextlib.contextmanager
+def using_backend(b: Backend | str) -> Iterator[Backend]:
+    """Within the ``with`` block, in this thread (or asyncio task) only, compute and plan
+    without an explicit backend use ``b``; blocks nest, the innermost wins, and the previous
+    choice comes back on exit, also after an exception."""
+    token = _SCOPED.set(_checked_choice(b, "using_backend"))
+    try:
+        yield REGISTRY.get()
+    finally:
+        _SCOPED.reset(token)
 
 
 def broken_plugins() -> list[BrokenPlugin]:

@@ -154,3 +154,31 @@ def test_cli_add_only_plugin_passes_add_and_shows_the_rest_unsupported(capsys):
                                         str(len(all_cases()) - n_pass), "unsupported"]
     finally:
         pc.REGISTRY.unregister("addonly_plugin")
+
+
+def test_the_references_own_warnings_do_not_appear_in_a_run(monkeypatch):
+    """A warning the reference raises while computing the expected values is not shown as if
+    the backend under test caused it; the same warning from the tested backend still is."""
+    import warnings
+
+    import prism_numpy.kernels as ref_kernels
+
+    from prism_core.conformance.cases import cases_for
+    from prism_core.conformance.runner import run_case
+
+    original = ref_kernels.KERNELS["SIN"]
+
+    def noisy(n):
+        warnings.warn("reference kernel warning", RuntimeWarning, stacklevel=1)
+        return original(n)
+
+    monkeypatch.setitem(ref_kernels.KERNELS, "SIN", noisy)
+    case = cases_for("SIN")[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ref = pc.backend("numpy")
+        r = run_case(case, ref, ref, timeout=None)  # the reference checked against itself
+    assert r.status == "pass", r.describe()
+    messages = [str(w.message) for w in seen]
+    # once, from the side under test; never from computing the expected values
+    assert messages.count("reference kernel warning") == 1, messages

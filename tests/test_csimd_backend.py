@@ -226,6 +226,58 @@ def test_threads_do_not_change_results():
     np.testing.assert_array_equal(results[0], results[1])
 
 
+_GEMM_PATHS_SCRIPT = r"""
+import os, sys
+import numpy as np
+import prism_core as pc
+rng = np.random.default_rng(7)
+
+def run(build, threads):
+    os.environ["PRISM_NUM_THREADS"], os.environ["PRISM_CSIMD_SERIAL_WORK"] = str(threads), "0"
+    ctx = pc.Context(mem_size=1 << 28)
+    y = build(ctx)
+    pc.compute(y, "csimd", strict=True)
+    return y.numpy()
+
+def half(ctx, x):
+    t = ctx.new_tensor(pc.F16, x.shape[::-1])
+    t.set(x)
+    return t
+
+cases = []
+# (n, k, m) of mul_mat(a [k, m], b [k, n]): K in several cache blocks, M and N off the micro-tile,
+# M split unevenly between 3 threads, N beyond one shared block of packed b (a 32 MiB L3), F16 a
+for n, k, m, f16 in [(130, 1000, 200, 0), (97, 64, 1037, 0), (7100, 300, 40, 0), (100, 500, 300, 1)]:
+    a = rng.standard_normal((m, k)).astype(np.float16 if f16 else np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    ref = b.astype(np.float64) @ a.astype(np.float64).T
+    cases.append((f"mul_mat {n}x{k}x{m}", lambda c, a=a, b=b, f16=f16: pc.mul_mat(
+        half(c, a) if f16 else c.from_numpy(a), c.from_numpy(b)), ref, k))
+# out_prod(a [m, k], b [n, k]) = b^T a: both operands packed from transposed rows
+a = rng.standard_normal((700, 300)).astype(np.float32)
+b = rng.standard_normal((700, 200)).astype(np.float32)
+cases.append(("out_prod 300x200x700", lambda c: pc.out_prod(c.from_numpy(a), c.from_numpy(b)),
+              b.astype(np.float64).T @ a.astype(np.float64), 700))
+for name, build, ref, k in cases:
+    outs = [run(build, t).reshape(ref.shape) for t in (1, 2, 3)]
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4 * np.sqrt(k), err_msg=name)
+    for o in outs[1:]:  # each thread owns whole output elements: the same sums in the same order
+        np.testing.assert_array_equal(o, outs[0], err_msg=name)
+print("ok", len(cases))
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gemm_blocks_edges_and_threads_on_every_isa_path(isa):
+    """The cache-blocked GEMM on each ISA path against float64 NumPy, on shapes that cross its
+    K blocks, micro-tile edges and thread splits, and bit-identical at 1, 2 and 3 threads."""
+    if isa not in _cpu_isas():
+        pytest.skip(f"this CPU cannot run the {isa} path")
+    r = subprocess.run([sys.executable, "-c", _GEMM_PATHS_SCRIPT], env=_env(PRISM_CSIMD_ISA=isa), cwd=RUN_DIR,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and r.stdout.strip() == "ok 5", r.stdout[-4000:] + r.stderr[-4000:]
+
+
 def test_unsupported_nodes_fall_back_openly():
     be = _need_available()
     ctx = pc.Context()

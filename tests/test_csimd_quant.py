@@ -183,7 +183,7 @@ def test_reference_quantizers_match_gguf(cs, t):
     np.testing.assert_array_equal(c_quant(cs, x, t, mode=1), want)
 
 
-@pytest.mark.parametrize("t", (GT.Q4_K, GT.Q5_K, GT.Q6_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("t", (GT.Q2_K, GT.Q4_K, GT.Q5_K, GT.Q6_K), ids=lambda t: t.name)
 def test_k_quantizers_match_prism_core(cs, t):
     """ggml's searching reference quantizers in C against prism_core.quant's NumPy port (bit for bit)."""
     from prism_core.quant import quantize
@@ -462,8 +462,8 @@ def test_cpy_both_ways(cs, isa, t):
 def test_cpy_refuses_types_without_quantizer(cs):
     ffi, lib = cs
     x = np.zeros((1, 256), dtype=np.float32)
-    q = np.zeros((1, 84), dtype=np.uint8)
-    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q2_K, (256, 1, 1, 1)), 1, 1) == -1
+    q = np.zeros((1, 110), dtype=np.uint8)
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q3_K, (256, 1, 1, 1)), 1, 1) == -1
     assert not q.any()
 
 

@@ -565,8 +565,9 @@ def _glu(n: Tensor) -> None:
     with np.errstate(over="ignore"):
         if key == "SWIGLU_OAI":
             limit = n.params["limit"]
-            xc = np.minimum(x, limit)
-            store(n, xc * _sigmoid(n.params["alpha"] * xc) * (np.clip(g, -limit, limit) + 1.0))
+            xc = np.where(limit < x, limit, x)  # std::min(x, limit) and std::clamp(g, -limit, limit), as
+            gc = np.where(g < -limit, -limit, np.where(limit < g, limit, g))  # ggml: NaN and zero signs kept
+            store(n, xc * _sigmoid(n.params["alpha"] * xc) * (gc + 1.0))
         else:
             store(n, _GLU_ACT[key](x) * g)
 

@@ -9,9 +9,11 @@ inputs, broadcasting where the op allows it, in-place variants, edge values.
 from __future__ import annotations
 
 import itertools
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +44,24 @@ class Case:
     @property
     def seed(self) -> int:
         return zlib.crc32(self.name.encode())
+
+
+_RANDOM_DESC = re.compile(r"random (\d+) seed=(\d+):")
+
+
+def case_id(case: Any) -> str:
+    """A case's stable id (see :mod:`.replay`): ``KEY:xxxxxxxx`` (a CRC-32 of the description) for
+    a fixed case, ``KEY:gxxxxxxxx`` for a gradient case, ``KEY:r<seed>.<i>`` for random case i."""
+    m = _RANDOM_DESC.match(case.desc)
+    if m and isinstance(case, Case):
+        return f"{case.key}:r{m.group(2)}.{m.group(1)}"
+    tag = "" if isinstance(case, Case) else "g"
+    return f"{case.key}:{tag}{zlib.crc32(case.desc.encode()):08x}"
+
+
+def replay_command(backend: str, case: Any) -> str:
+    """The one command that re-runs exactly ``case`` on ``backend``."""
+    return f"prism conformance --backend {backend} --case {case_id(case)}"
 
 
 # ------------------------------------------------------------------ inputs

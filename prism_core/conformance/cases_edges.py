@@ -118,3 +118,6 @@ def swiglu_oai_nan_cases(d: OpDef) -> Iterator[Case]:
     x = np.array([[NAN, 1.0, -0.0, 9.0], [2.0, NAN, 0.5, -9.0]], np.float32)
     yield Case(d.key, "NaN in x and g", lambda c, r: Built(B.node(d.key, c.from_numpy(x), c.from_numpy(x[::-1].copy()),
                                                                   alpha=1.702, limit=7.0)))
+    z = np.array([[0.0, -0.0, 2.0, -3.0, 0.0, -0.0, 1.0, -1.0]], np.float32)
+    yield Case(d.key, "signed zeros,limit=-0.0", lambda c, r: Built(B.node(d.key, c.from_numpy(z), alpha=1.0,
+                                                                           limit=-0.0)))

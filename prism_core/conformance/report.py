@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+from .accuracy import grade, worst_grade
 from .runner import CRASHED, FAIL, FAILED, NOT_RUN, PASS, TIMEOUT, UNSUPPORTED, CaseResult
 
 REPORT_FORMAT = 1  # bumped when the JSON layout changes incompatibly
@@ -58,6 +59,12 @@ def _by_op(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
     return by
 
 
+def op_grade(results: list[CaseResult]) -> str | None:
+    """The accuracy grade of one op's passed cases (see .accuracy): exact, within 4 ulp, or
+    within the bound; None when none passed."""
+    return worst_grade([grade(r.exact, r.ulp) for r in results if r.status == PASS])
+
+
 def summary(name: str, results: list[CaseResult]) -> str:
     """``name: P passed, F failed, U unsupported cases, T timed out[, C crashed][, N not run]
     (ops ...)``."""
@@ -69,8 +76,9 @@ def summary(name: str, results: list[CaseResult]) -> str:
             f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported)")
 
 
-def table(results: dict[str, list[CaseResult]], ops: list[str]) -> str:
-    """``results`` maps backend name -> its case results (in op order)."""
+def table(results: dict[str, list[CaseResult]], ops: list[str], verbose: bool = False) -> str:
+    """``results`` maps backend name -> its case results (in op order); ``verbose`` adds every
+    unsupported case with the backend's reason and its replay command."""
     names = list(results)
     by = {b: _by_op(rs) for b, rs in results.items()}
     rows = [["op", *names]]
@@ -84,6 +92,18 @@ def table(results: dict[str, list[CaseResult]], ops: list[str]) -> str:
     failures = [r for rs in results.values() for r in rs if r.failed]
     if failures:
         lines += ["", "Failures:"] + [f"  {r.describe()}" for r in failures]
+    if verbose:
+        lines += ["", "Accuracy (worst element of the passed cases, in ulp at the output's scale):"]
+        for b in names:
+            grades = {op: op_grade(v) for op, v in by[b].items()}
+            counts = Counter(g for g in grades.values() if g)
+            lines.append(f"  {b}: " + ", ".join(f"{counts[g]} ops {g}" for g in ("exact", "within 4 ulp",
+                                                                               "within the bound") if counts[g]))
+    unsupported = [r for rs in results.values() for r in rs if r.status == UNSUPPORTED]
+    if verbose and unsupported:
+        lines += ["", "Unsupported:"] + [f"  {r.describe()}" for r in unsupported]
+    elif unsupported:
+        lines += ["", f"{len(unsupported)} unsupported cases; -v lists them with the backend's reasons"]
     return "\n".join(lines)
 
 
@@ -114,6 +134,11 @@ def certificate(results: dict[str, list[CaseResult]], ops: list[str], *, mode: s
             info: dict[str, Any] = {"status": op_status(ors), "cases": len(ors), "passed": oc[PASS],
                                     "failed": oc[FAIL], "unsupported": oc[UNSUPPORTED], "timeout": oc[TIMEOUT],
                                     "crashed": oc[CRASHED], "not_run": oc[NOT_RUN]}
+            g = op_grade(ors)
+            if g is not None:
+                info["grade"] = g
+                ulps = [r.ulp for r in ors if r.status == PASS and r.ulp is not None]
+                info["worst_ulp"] = max(ulps) if ulps else None
             reasons = sorted({r.message for r in ors if r.status == UNSUPPORTED})
             if reasons:
                 info["unsupported_reasons"] = reasons
@@ -157,6 +182,7 @@ def to_markdown(cert: dict) -> str:
             o = b["ops"][op]
             if o["status"] in ("ok", "partial"):
                 txt = f"ok {o['passed']}/{o['cases']}" + (f", {o['unsupported']} unsup" if o["unsupported"] else "")
+                txt += f" ({o['grade']})" if o.get("grade") else ""
             elif o["status"] == "fail":
                 bad = o["failed"] + o["timeout"] + o.get("crashed", 0) + o.get("not_run", 0)
                 txt = f"**FAIL** {bad}/{o['cases']}"

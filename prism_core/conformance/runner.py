@@ -21,11 +21,13 @@ and ``prism conformance`` and the pytest plugin use it.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,8 @@ from ..registry import REGISTRY
 from ..schedule import backend_reason, compute, computes_nothing
 from ..tensor import Tensor
 from ..types import traits
-from .cases import Built, Case
+from .accuracy import element_bound, reads_block_types, ulp_errors
+from .cases import Built, Case, case_id, replay_command
 
 PASS, FAIL, UNSUPPORTED, TIMEOUT = "pass", "fail", "unsupported", "timeout"
 CRASHED = "crashed"  # the worker process died (a signal, or an exit from native code) in this case
@@ -60,6 +63,8 @@ class CaseResult:
     bound: float | None = None
     worst: tuple | None = None  # (index, expected, got); index in ggml order (i0, i1, i2, i3) when known
     detail: str = ""  # the tensors of the case: type, ne, nb of each source and the result, params
+    ulp: float | None = None  # the worst element's error in ulp at the output's scale (see .accuracy)
+    exact: bool = False  # every output element bit-equal to the reference
 
     @property
     def failed(self) -> bool:
@@ -72,13 +77,25 @@ class CaseResult:
         if self.worst is not None:
             s += f"; worst element {_index(self.worst[0])}: expected {self.worst[1]!r}, got {self.worst[2]!r}"
         s += f": {self.message}" if self.message else ""
-        return s + (f" [{self.detail}]" if self.detail and self.status != PASS else "")
+        s += f" [{self.detail}]" if self.detail and self.status != PASS else ""
+        return s + (f"\n    replay: {self.replay}" if self.status != PASS else "")
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self.case)
+
+    @property
+    def replay(self) -> str:
+        """The command that re-runs exactly this case on this backend."""
+        return replay_command(self.backend, self.case)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record of this result (used by the certification report)."""
         d: dict[str, Any] = {"op": self.case.key, "case": self.case.desc, "name": self.case.name,
+                             "id": self.case_id, "replay": self.replay,
                              "status": self.status, "message": self.message, "detail": self.detail,
-                             "nmse": _num(self.err), "bound": _num(self.bound), "worst": None}
+                             "nmse": _num(self.err), "bound": _num(self.bound), "worst": None,
+                             "ulp": _num(self.ulp), "exact": self.exact}
         if self.worst is not None:
             idx = self.worst[0]
             d["worst"] = {"index": list(idx) if isinstance(idx, tuple) else idx,
@@ -339,12 +356,23 @@ def refusal(case: Any, backend: Backend) -> CaseResult | None:
                     else "")
 
 
+@contextlib.contextmanager
+def quiet_reference() -> Iterator[None]:
+    """The reference's own warnings (a NumPy RuntimeWarning on an edge case, say) are dropped:
+    a conformance run shows only what the backend under test does. NumPy's error state is per
+    thread; the warning filters are the process's, and the plugin's kernels run after this."""
+    with warnings.catch_warnings(record=True), np.errstate(all="ignore"):
+        warnings.simplefilter("always")
+        yield
+
+
 def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
              timeout: float | None = DEFAULT_TIMEOUT) -> CaseResult:
     reference = reference or REGISTRY.reference()
     name = backend.name
     _, ref_graph, ref_built = _build(case, 0)
-    compute(ref_graph, reference, strict=True)
+    with quiet_reference():
+        compute(ref_graph, reference, strict=True)
     expected = _outputs(ref_built)
 
     ctx, graph, built = _build(case, GUARD_BYTES)
@@ -371,8 +399,10 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
     if smashed:
         return CaseResult(case, name, FAIL, "wrote outside its output: guard bytes changed after "
                           + ", ".join(t.label for t in smashed), detail=detail)
-    bound = built.out.opdef.nmse if built.out.opdef else 0.0
-    worst_err, worst_el = 0.0, None
+    d = built.out.opdef
+    bound = d.nmse if d else 0.0
+    blocks = reads_block_types(built.out)
+    worst_err, worst_el, worst_ulp, exact = 0.0, None, None, True
     for i, (t, got, ref) in enumerate(zip((built.out, *built.extra), _outputs(built), expected)):
         ok, msg, err, worst = compare(got, ref, bound)
         if worst is not None:
@@ -383,9 +413,23 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
             if not msg and not np.any(got) and np.any(ref):
                 text += " (left all zeros: a kernel writes into node.host(); a returned value is ignored)"
             return CaseResult(case, name, FAIL, text, err, bound, worst, detail)
+        exact &= bool(np.array_equal(np.asarray(got).view(np.uint8), np.asarray(ref).view(np.uint8))
+                      if np.asarray(got).dtype == np.asarray(ref).dtype else np.array_equal(got, ref, equal_nan=True))
+        ulps = ulp_errors(got, ref, t.type)
+        if ulps.size and d is not None:
+            j = int(np.argmax(ulps))
+            el_bound = element_bound(d, t.type, blocks)
+            g, r = np.asarray(got, np.float64).reshape(-1), np.asarray(ref, np.float64).reshape(-1)
+            if el_bound is not None and ulps[j] > el_bound:
+                return CaseResult(case, name, FAIL, f"{what}: element {_index(_ggml_index(j, t.ne))} is "
+                                  f"{ulps[j]:.3g} ulp off (bound {el_bound:g} ulp for {d.key} on {t.traits.name}; "
+                                  "NMSE passed)", err, bound, (_ggml_index(j, t.ne), float(r[j]), float(g[j])), detail,
+                                  ulp=float(ulps[j]), exact=False)
+            if el_bound is not None and (worst_ulp is None or ulps[j] > worst_ulp):
+                worst_ulp = float(ulps[j])
         if err is not None and err >= worst_err:
             worst_err, worst_el = err, worst
-    return CaseResult(case, name, PASS, "", worst_err, bound, worst_el, detail)
+    return CaseResult(case, name, PASS, "", worst_err, bound, worst_el, detail, ulp=worst_ulp, exact=exact)
 
 
 def run_grad(backend: Backend, cases: list, *, timeout: float | None = DEFAULT_TIMEOUT,
