@@ -1,8 +1,8 @@
-"""``python -m benchmarks.numba_quant [--model]``: numba's quantized matrix-vector product beside csimd's
-and beside NumPy's float32 product on the dequantized weights (1 x 2048 x 2048, Q4_0/Q8_0/Q4_K/Q6_K),
-best of several runs each, ratios against NumPy; ``--model``: Gemma 3 270M decode tok/s on numba
-(and csimd) through ``prism_core.models``. Numba compiles on first use: the first call of each kernel
-is a warm-up (or an on-disk cache load) and is not timed."""
+"""``python -m benchmarks.numba_quant [--gemm] [--model]``: numba's quantized matrix-vector product beside
+csimd's and beside NumPy's float32 product on the dequantized weights (1 x 2048 x 2048, Q4_0/Q8_0/Q4_K/Q6_K),
+best of several runs each, ratios against NumPy; ``--gemm``: also 128 x 2048 x 2048; ``--model``:
+Gemma 3 270M decode tok/s on numba (and csimd) through ``prism_core.models``. Numba compiles on first
+use: the first call of each kernel is a warm-up (or an on-disk cache load) and is not timed."""
 
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ def _best(f, reps: int = 15) -> float:
     return min(times)
 
 
-def matvec(k: int = 2048, m: int = 2048) -> None:
+def matvec(k: int = 2048, m: int = 2048, n: int = 1) -> None:
     rng = np.random.default_rng(0)
     w = rng.standard_normal((m, k)).astype(np.float32)
-    x = rng.standard_normal((1, k)).astype(np.float32)
+    x = rng.standard_normal((n, k)).astype(np.float32)
     names = [b.name for b in pc.backends() if b.available and b.name in ("numba", "csimd")]
-    print(f"matrix-vector 1 x {k} x {m}, best of 15, ms (ratio: NumPy f32 time / this time)")
+    print(f"{n} x {k} x {m}, best of 15, ms (ratio: NumPy f32 time / this time)")
     for t in FORMATS:
         blocks = quantize(w, t)
         wd = dequantize(blocks, t)
-        t_np = _best(lambda: wd @ x[0])
+        t_np = _best(lambda: x @ wd.T)
         line = [f"{t.name:5s} numpy-f32-dequantized {t_np * 1e3:7.3f}"]
         for name in names:
             ctx = pc.Context()
@@ -67,8 +67,11 @@ def model(n_tokens: int = 16) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", action="store_true", help="also Gemma 3 270M decode tok/s")
+    ap.add_argument("--gemm", action="store_true", help="also the matrix-matrix product 128 x 2048 x 2048")
     args = ap.parse_args()
     matvec()
+    if args.gemm:
+        matvec(n=128)
     if args.model:
         model()
 

@@ -81,19 +81,24 @@ def _q3_scale(r, s, i):
 def decode_row(fmt, r, y):
     """y[:] = the float32 values of the blocks in byte row r (ggml's dequantize_row_* order)."""
     n = y.shape[0]
+    # The inner loops run to these instead of the literals 16 and 32 (n is a whole number of
+    # blocks, so they are equal): with a constant trip count LLVM fully unrolls a short loop into
+    # scalar code before the loop vectoriser sees it (measured: Q8_0 decodes 3.5x faster so).
+    w16 = min(16, n)
+    w32 = min(32, n)
     if fmt == Q8_0 or fmt == Q8_1:
         bs = 34 if fmt == Q8_0 else 36
         q0 = 2 if fmt == Q8_0 else 4
         for ib in range(n // 32):
             o = ib * bs
             d = _f16(r, o)
-            for j in range(32):
+            for j in range(w32):
                 y[ib * 32 + j] = np.float32(_i8(r[o + q0 + j])) * d
     elif fmt == Q4_0:
         for ib in range(n // 32):
             o = ib * 18
             d = _f16(r, o)
-            for j in range(16):
+            for j in range(w16):
                 v = np.int64(r[o + 2 + j])
                 y[ib * 32 + j] = np.float32((v & 0xF) - 8) * d
                 y[ib * 32 + j + 16] = np.float32((v >> 4) - 8) * d
@@ -101,7 +106,7 @@ def decode_row(fmt, r, y):
         for ib in range(n // 32):
             o = ib * 18
             d = _f16(r, o)
-            for j in range(16):
+            for j in range(w16):
                 v = np.int64(r[o + 2 + j])
                 y[ib * 32 + j] = d * KVALUES_IQ4NL[v & 0xF]
                 y[ib * 32 + j + 16] = d * KVALUES_IQ4NL[v >> 4]
@@ -110,7 +115,7 @@ def decode_row(fmt, r, y):
             o = ib * 20
             d = _f16(r, o)
             m = _f16(r, o + 2)
-            for j in range(16):
+            for j in range(w16):
                 v = np.int64(r[o + 4 + j])
                 y[ib * 32 + j] = np.float32(v & 0xF) * d + m
                 y[ib * 32 + j + 16] = np.float32(v >> 4) * d + m
@@ -122,7 +127,7 @@ def decode_row(fmt, r, y):
             d = _f16(r, o)
             m = _f16(r, o + 2) if fmt == Q5_1 else np.float32(0.0)
             qh = _u32(r, o + h0)
-            for j in range(16):
+            for j in range(w16):
                 v = np.int64(r[o + h0 + 4 + j])
                 x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
                 x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
@@ -136,7 +141,7 @@ def decode_row(fmt, r, y):
         for ib in range(n // 32):
             o = ib * 17
             d = E8M0_HALF[r[o]]
-            for j in range(16):
+            for j in range(w16):
                 v = np.int64(r[o + 1 + j])
                 y[ib * 32 + j] = KVALUES_MXFP4[v & 0xF] * d
                 y[ib * 32 + j + 16] = KVALUES_MXFP4[v >> 4] * d
@@ -159,9 +164,9 @@ def decode_row(fmt, r, y):
                         sc = np.int64(r[o + half * 8 + j * 2 + g])
                         dl = d * np.float32(sc & 0xF)
                         ml = dmin * np.float32(sc >> 4)
-                        for lo in range(16):
-                            y[yo] = dl * np.float32((np.int64(r[q + g * 16 + lo]) >> (2 * j)) & 3) - ml
-                            yo += 1
+                        yb = yo + half * 128 + j * 32 + g * 16
+                        for lo in range(w16):
+                            y[yb + lo] = dl * np.float32((np.int64(r[q + g * 16 + lo]) >> (2 * j)) & 3) - ml
     elif fmt == Q3_K:
         for ib in range(n // 256):
             o = ib * 110
@@ -173,13 +178,11 @@ def decode_row(fmt, r, y):
                     bit = 1 << (half * 4 + j)
                     for g in range(2):
                         dl = d * np.float32(_q3_scale(r, o + 96, half * 8 + j * 2 + g))
-                        for lo in range(16):
+                        yb = yo + half * 128 + j * 32 + g * 16
+                        for lo in range(w16):
                             lq = g * 16 + lo
-                            qv = (np.int64(r[q + lq]) >> (2 * j)) & 3
-                            if not (np.int64(r[o + lq]) & bit):
-                                qv -= 4
-                            y[yo] = dl * np.float32(qv)
-                            yo += 1
+                            qv = ((np.int64(r[q + lq]) >> (2 * j)) & 3) - (0 if np.int64(r[o + lq]) & bit else 4)
+                            y[yb + lo] = dl * np.float32(qv)
     elif fmt == Q4_K or fmt == Q5_K:
         bs = 144 if fmt == Q4_K else 176
         qs0 = 16 if fmt == Q4_K else 48
@@ -238,7 +241,7 @@ def decode_row(fmt, r, y):
                 dl = d * np.float32(ls - 32)
                 q = o + 8 + 16 * s
                 yo = ib * 256 + 32 * s
-                for j in range(16):
+                for j in range(w16):
                     v = np.int64(r[q + j])
                     y[yo + j] = dl * KVALUES_IQ4NL[v & 0xF]
                     y[yo + j + 16] = dl * KVALUES_IQ4NL[v >> 4]
@@ -249,29 +252,28 @@ def decode_row(fmt, r, y):
             yo = ib * 256
             for j in range(0, 64, 32):
                 for lsh in range(4):
-                    for m in range(32):
-                        y[yo] = np.float32(((np.int64(r[o + j + m]) >> (2 * lsh)) & 3) - 1) * d
-                        yo += 1
+                    yb = yo + j * 4 + lsh * 32
+                    for m in range(w32):
+                        y[yb + m] = np.float32(((np.int64(r[o + j + m]) >> (2 * lsh)) & 3) - 1) * d
     elif fmt == TQ1_0:
         for ib in range(n // 256):
             o = ib * 54
             d = _f16(r, o + 52)
             yo = ib * 256
             for p in range(5):  # qs[0:32]: five base-3 digits per byte
-                for m in range(32):
+                yb = yo + 32 * p
+                for m in range(w32):
                     q = (np.int64(r[o + m]) * POW3[p]) & 0xFF
-                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
-                    yo += 1
+                    y[yb + m] = np.float32(((q * 3) >> 8) - 1) * d
             for p in range(5):  # qs[32:48]
-                for m in range(16):
+                yb = yo + 160 + 16 * p
+                for m in range(w16):
                     q = (np.int64(r[o + 32 + m]) * POW3[p]) & 0xFF
-                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
-                    yo += 1
+                    y[yb + m] = np.float32(((q * 3) >> 8) - 1) * d
             for p in range(4):  # qh[0:4]: four digits per byte
                 for m in range(4):
                     q = (np.int64(r[o + 48 + m]) * POW3[p]) & 0xFF
-                    y[yo] = np.float32(((q * 3) >> 8) - 1) * d
-                    yo += 1
+                    y[yo + 240 + 4 * p + m] = np.float32(((q * 3) >> 8) - 1) * d
 
 
 @njit(parallel=True, **_OPTS)

@@ -131,7 +131,7 @@ def _cpy(n: Tensor) -> None:
         src, out = a.raw(), n.raw()
         _run("cpy", src, _jit().NO_LUT, out, 1, 1, int(src.shape == out.shape))
         return
-    if not is_block(n):  # blocks -> F32 (the op table's only plain destination of blocks)
+    if not is_block(n):  # blocks -> F32, the op table's only plain destination of blocks (_conversion_rule)
         vals = _values(a)
         out = arr(n)
         _run("cpy", vals, _jit().NO_LUT, out, 1, 1, int(vals.shape == out.shape))
