@@ -209,11 +209,11 @@ def test_pytest_plugin_hang_costs_one_timeout(installed, tmp_path):
                        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     _, n_plain, _, _ = _counts()
     assert f"{n_plain} failed" in r.stdout, r.stdout[-3000:] + r.stderr
-    # the first case hangs and costs one timeout; the rest are not run (on a loaded machine the worker
-    # started after the kill was once seen to exceed the limit too: still far from one timeout per case)
-    hung = r.stdout.count("TIMEOUT: did not finish within 15 s")
-    assert 1 <= hung <= 2 and n_plain >= 8, r.stdout[-3000:]
-    assert r.stdout.count("TIMEOUT: not run: an earlier case of ADD") == n_plain - hung, r.stdout[-3000:]
+    # counted in the failure sections: pytest's short summary repeats each message when the terminal
+    # width lets it (it depends on the environment, e.g. COLUMNS)
+    sections = "\n".join(line for line in r.stdout.splitlines() if not line.startswith("FAILED "))
+    assert sections.count("TIMEOUT: did not finish within 15 s") == 1, r.stdout[-3000:]  # the first case
+    assert sections.count("TIMEOUT: not run: an earlier case of ADD") == n_plain - 1, r.stdout[-3000:]  # the rest
 
 
 def _children(pid: int) -> list[int]:
