@@ -10,13 +10,10 @@ ends up in the fp16 ``d``/``m`` bits, while NumPy's reductions pick either zero.
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
-from gguf.quants import np_roundf
 
 from .numerics import F32, fp16_bits, fp16_value
 
-_GQ = gguf.GGMLQuantizationType
 _NEG_ZERO_HALF = np.uint16(0x8000)
 
 
@@ -24,16 +21,24 @@ def _errstate():
     return np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore")
 
 
+def _gguf_quants():
+    """gguf.quants, imported on first use: ``import prism_core`` does not pay for the gguf package."""
+    from gguf import quants
+    return quants
+
+
 def gguf_quantize(blocks: np.ndarray, name: str) -> np.ndarray:
     """gguf.quants' quantizer on (nb, block) → (nb, type_size). Passed as one row:
     gguf works through rows 16 at a time, so many short rows would cost a call each."""
+    gq = _gguf_quants()
     with _errstate():
-        return gguf.quants.quantize(blocks.reshape(1, -1), _GQ[name]).reshape(len(blocks), -1)
+        return gq.quantize(blocks.reshape(1, -1), gq.GGMLQuantizationType[name]).reshape(len(blocks), -1)
 
 
 def gguf_dequantize(blocks: np.ndarray, name: str) -> np.ndarray:
+    gq = _gguf_quants()
     with _errstate():  # inf scales (fp16 overflow) decode to inf/NaN as in ggml
-        return gguf.quants.dequantize(blocks.reshape(1, -1), _GQ[name]).reshape(len(blocks), -1)
+        return gq.dequantize(blocks.reshape(1, -1), gq.GGMLQuantizationType[name]).reshape(len(blocks), -1)
 
 
 def _zero_half(out: np.ndarray, at: int) -> np.ndarray:
@@ -86,7 +91,7 @@ def quantize_q8_1(blocks: np.ndarray) -> np.ndarray:
     with _errstate():
         d = np.abs(blocks).max(axis=1) / F32(127)
         inv = np.where(d != 0, F32(1) / d, F32(0))
-        q = np_roundf(blocks * inv[:, None]).astype(np.int8)
+        q = _gguf_quants().np_roundf(blocks * inv[:, None]).astype(np.int8)
     return _q8_1_block(d, q)
 
 
