@@ -39,6 +39,7 @@ def emit(**kv):
     print(json.dumps(kv), flush=True)
 if engine == "llama.cpp":
     from llama_cpp import Llama
+    emit(runtime_rss=int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024)
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                 seed=0, verbose=False)
     def clear():
@@ -47,8 +48,13 @@ if engine == "llama.cpp":
         llm.eval(toks)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 else:
+    import prism_core as pc
     import prism_core.models as M
-    model = M.load(path, backend=engine, n_ctx=n_ctx)
+    be = pc.backend(engine)
+    a = pc.Context().from_numpy(np.ones((4, 4), np.float32))
+    pc.compute(pc.mul_mat(a, a), be)  # one tiny product wakes the backend's runtime (numba: LLVM, its JIT)
+    emit(runtime_rss=int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024)
+    model = M.load(path, backend=be, n_ctx=n_ctx)
     clear = model.cache.clear
     feed = lambda toks: model.eval(toks)[-1]
 emit(load_s=time.perf_counter() - start)
@@ -178,9 +184,12 @@ def run(bench) -> None:
         note = f"; not finished in its budget: {', '.join(r['skipped'])}" if r["skipped"] else ""
         err = f"; failed: {r['error']}" if "error" in r else ""
         rss = r.get("peak_rss")
+        base_rss = r.get("runtime_rss")
+        runtime = (f" (of which {base_rss / 1e6:.0f} MB were resident before the model was opened: the "
+                   "interpreter, NumPy, Prism and the backend's runtime)") if rss and base_rss else ""
         print(f"  [{engine}] load {r.get('load_s', float('nan')):.2f} s; peak RSS "
               + (f"{rss / 1e6:.0f} MB = {rss / size:.2f}x the {size / 1e6:.0f} MB file" if rss else "n/a")
-              + note + err, flush=True)
+              + runtime + note + err, flush=True)
         if rss:
             bench.record("model peak RSS / file size", engine, rss / size)
     base = "llama.cpp" if "llama.cpp" in results else (engines[0] if engines else None)
