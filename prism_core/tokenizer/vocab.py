@@ -3,7 +3,8 @@ its fix-ups of token attributes (control-looking tokens made control, phi-3's rs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,7 @@ class Vocab:
     pre: str                     # the step-list name of pretokenize.PRE_STEPS (bpe), else "default"
     tokens: list[str]
     scores: np.ndarray
-    attrs: list[int]
+    attrs: MutableSequence[int]
     token_to_id: dict[str, int]
     merges: dict[str, int] = field(default_factory=dict)  # "left right" -> rank
     bos: int | None = None
@@ -205,7 +206,7 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
     v.remove_extra_whitespaces = _flag(meta, KEY + "remove_extra_whitespaces", False)
     v.add_space_prefix = _flag(meta, KEY + "add_space_prefix", v.add_space_prefix)
 
-    attrs = []
+    attrs = array("I")  # one C int per token, not a list of int objects
     for i, t in enumerate(tokens):
         if t == "":
             t = tokens[i] = f"[EMPTY_{i}]"
