@@ -200,9 +200,10 @@ class Model:
         """The ids that end generation; found on first use, so scoring never decodes the vocabulary."""
         ids = {int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                            "tokenizer.ggml.eom_token_id") if k in self.meta}
-        tokens = self.meta.get("tokenizer.ggml.tokens")
-        if tokens is not None:
-            ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
+        if "tokenizer.ggml.tokens" in self.meta:
+            from ..tokenizer.vocab import token_table  # the tokenizer's own table, read once per file
+            table = token_table(self.meta)
+            ids.update(i for text in EOG_TEXTS for i in table.ids_of(text))
         return frozenset(ids)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

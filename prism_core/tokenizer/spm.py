@@ -28,8 +28,7 @@ class SpmModel:
         self.vocab = vocab
         self.token_to_id = vocab.token_to_id
         self.scores = array("d", vocab.scores.astype(np.float64).tobytes())  # a quarter of a list's memory
-        # "\0" separates the tokens and never starts a pair: only characters inside a token count
-        glue = set(re.findall(f"([^\0])(?={SPACE})", "\0".join(vocab.tokens)))
+        glue = vocab.tokens.chars_before(SPACE)  # characters a token holds right before a space mark
         if glue:
             cls = "".join(re.escape(c) for c in sorted(glue))
             self._cut = re.compile(f"(?<=[^{cls}])(?={SPACE})")
