@@ -120,17 +120,15 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q3_k(const floa
 
 /* ---------------------------------------------------------------- IQ4_NL, IQ4_XS */
 /* ggml's best_index_int8 over kvalues_iq4nl: the nearest entry, a tie going to the upper one, anything
-   at or past an end to that end (a NaN falls through every comparison to the last entry) */
+   at or past an end to that end. ggml bisects to the entries lo < hi with v[lo] <= x < v[hi]; hi is
+   also 1 + the count of inner entries <= x, which counts without a chain of dependent steps (twice as
+   fast). A NaN falls through every one of ggml's comparisons to the last entry. */
 static inline int q_iq4_index(float x) {
     const int8_t *v = kvalues_iq4nl;
     if (x <= (float)v[0]) return 0;
-    if (x >= (float)v[15]) return 15;
-    int lo = 0, hi = 15;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (x < (float)v[mid]) hi = mid;
-        else lo = mid;
-    }
+    if (x >= (float)v[15] || x != x) return 15;
+    int hi = 1;
+    for (int k = 1; k < 15; k++) hi += x >= (float)v[k];
     return x - (float)v[hi - 1] < (float)v[hi] - x ? hi - 1 : hi;
 }
 
