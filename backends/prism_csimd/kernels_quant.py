@@ -10,8 +10,8 @@ for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QB
   from the reference's exact dequantized product by that rounding (within the op's nmse bound).
 * GET_ROWS, CPY/DUP/CONT to F32: dequantized exactly as gguf.quants (bit for bit).
 * CPY/SET_ROWS into a block type, ADD with a quantized a: ggml's reference quantizer (as the
-  reference backend stores block types), so the bytes equal the reference's; types without a C
-  quantizer (Q3_K, IQ4_NL, IQ4_XS) are refused with the reason.
+  reference backend stores block types), so the bytes equal the reference's; every type the op
+  table writes has one in C (a type added to the table without one is refused with the reason).
 * OUT_PROD with a quantized a: a dequantized once, then the F32 kernel.
 """
 
@@ -29,11 +29,11 @@ G = GGMLType
 QBASE = 64  # csrc/csimd.h: CSIMD_QBASE
 REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: its CPU from_float)
 
-# block types csrc/csimd_quant.h can write (ggml's reference quantizers, the searching ones of Q2_K, Q4_K,
-# Q5_K and Q6_K included): the op table's others (Q3_K, IQ4_NL, IQ4_XS) are refused here, the reference
-# computes them
-C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0,
-                          G.Q2_K, G.Q4_K, G.Q5_K, G.Q6_K})
+# block types csrc/csimd_quant.h can write (ggml's reference quantizers, the searching ones of Q2_K..Q6_K,
+# IQ4_NL and IQ4_XS included: csrc/csimd_quantize_k3iq4.h): any other type the op table writes is refused
+# here and the reference computes it
+C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q8_K, G.MXFP4, G.TQ1_0, G.TQ2_0,
+                          G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_NL, G.IQ4_XS})
 C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
 
 def is_block(t: Tensor) -> bool:
