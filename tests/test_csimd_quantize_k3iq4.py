@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as GT
 from test_csimd_quant import _block, _desc, _fdesc, _qdesc, c_quant
 
 from prism_core import quant
-from prism_core.types import GGMLType
+from prism_core.types import GGMLType, traits
 
 GOLDEN = np.load(Path(__file__).parent / "data" / "quant_golden.npz")
 NEW = (GT.Q3_K, GT.IQ4_NL, GT.IQ4_XS)
@@ -116,8 +116,8 @@ def ggml_quant(lib, x: np.ndarray, t: GT) -> np.ndarray:
 @pytest.mark.parametrize("t", WIRED, ids=lambda t: t.name)
 def test_as_ggml_on_overflowing_rows(cs, t):
     """Rows whose weighted sums overflow float32 (x^3 beyond 3.4e38) and whose group scales then become
-    inf or NaN: ggml's own quantizers decide what the bytes are (prism_core.quant's NumPy port parts from
-    them there: it takes a NaN scale as the largest, where ggml's `>` scan skips it)."""
+    inf or NaN: ggml's own quantizers decide what the bytes are (test_huge_golden_rows checks the same
+    without the library, on the huge rows of the golden data)."""
     lib = _ggml_base()
     rng = np.random.default_rng(int(t) + 103)
     x = edge_rows(rng)
@@ -127,6 +127,19 @@ def test_as_ggml_on_overflowing_rows(cs, t):
     x = np.concatenate([x, wild.astype(np.float32)])
     got = c_quant(cs, x, t, REFERENCE)
     want = ggml_quant(lib, x, t)
+    if t == GT.IQ4_NL:
+        zero = _iq4_nl_zero_blocks(x)
+        want[zero, 2:] = got[zero, 2:]
+    assert not _first_difference(got, want), _first_difference(got, want)
+
+
+@pytest.mark.parametrize("t", [GT(int(t)) for t in GGMLType if quant.can_quantize(t)], ids=lambda t: t.name)
+def test_huge_golden_rows(cs, t):
+    """The golden rows of values up to float32's maximum (tests/data/README.md: x_huge), whose scale
+    searches meet inf and NaN: ggml's bytes, as prism_core.quant writes them (tests/test_quant_golden.py)."""
+    x = GOLDEN["x_huge"]
+    got = c_quant(cs, x, t, REFERENCE)
+    want = GOLDEN[f"qh_{traits(GGMLType(int(t))).name}"].reshape(got.shape).copy()
     if t == GT.IQ4_NL:
         zero = _iq4_nl_zero_blocks(x)
         want[zero, 2:] = got[zero, 2:]
