@@ -31,6 +31,12 @@ from .kernels import _MODE, COPYABLE, FLOATS, INDICES, ONLY_F32, _jit, _run, arr
 
 #: ggml type ids with a compiled decoder (mirrors _jit_quant.DECODED, which needs numba to import)
 DECODED = frozenset({2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 20, 23, 34, 35, 39})
+#: ggml type ids with the integer matrix-vector path: Q4_0, Q5_0, Q8_0, Q4_K, Q6_K (mirrors
+#: _jit_qdot.INT_FORMATS)
+INT_PATH = frozenset({2, 6, 8, 12, 14})
+#: a product whose weight matrices each serve fewer activation rows than this takes the integer
+#: path; more rows amortise the float path's decoding better (README.md, "Block types")
+INT_PATH_ROWS = 16
 BLOCK_TYPES = QUANTIZED
 
 
@@ -80,7 +86,9 @@ def _mul_mat(n: Tensor) -> None:
     if int(a.type) not in DECODED:
         _run("mul_mat", _values(a), _jit().NO_LUT, f32_operand(b), arr(n))
         return
-    _run("q_mul_mat", int(a.type), a.raw(), f32_operand(b), arr(n))
+    served = n.ne[1] * (n.ne[2] // a.ne[2]) * (n.ne[3] // a.ne[3])  # activation rows per weight matrix
+    name = "q_mul_mat_int" if int(a.type) in INT_PATH and served < INT_PATH_ROWS else "q_mul_mat"
+    _run(name, int(a.type), a.raw(), f32_operand(b), arr(n))
 
 
 @kernel((FLOATS | QUANT_WEIGHTS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
