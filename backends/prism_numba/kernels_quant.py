@@ -149,8 +149,11 @@ def _cpy(n: Tensor) -> None:
         _run("cpy", src, _jit().NO_LUT, out, 1, 1, int(src.shape == out.shape))
         return
     if not is_block(n):  # blocks -> F32, the op table's only plain destination of blocks (_conversion_rule)
+        out, raw = arr(n), a.raw()
+        if int(a.type) in DECODED and out.shape == (*raw.shape[:3], a.ne[0]):  # row for row: decode in place
+            _run("q_dequant", int(a.type), raw, out)
+            return
         vals = _values(a)
-        out = arr(n)
         _run("cpy", vals, _jit().NO_LUT, out, 1, 1, int(vals.shape == out.shape))
         return
     vals = _values(a) if is_block(a) else a.numpy().astype(np.float32)
