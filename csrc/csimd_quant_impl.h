@@ -33,16 +33,20 @@ typedef struct {
 } q_wrow;
 
 /* an activation row: q[Kp], scale per lane of 4, -128 * (sum of the lane) (VNNI's bias removed),
-   scale * (sum of each group of 16) (the offsets' partner) */
+   scale * (sum of each group of 16) (the offsets' partner), and the integer sum of each group of 16
+   (the fused K-quant kernels keep a super-block's scales in integers, as ggml's bsums) */
 typedef struct {
     int8_t *q;
     float *ls;
     int32_t *nbias;
     float *gsum;
+    int16_t *isum;
 } q_arow;
 
 static inline int64_t q_pad(int64_t k) { return (k + QPAD - 1) / QPAD * QPAD; }
-static inline size_t q_arow_bytes(int64_t kp) { return (size_t)kp + (size_t)kp / 4 * 8 + (size_t)kp / 16 * 4; }
+static inline size_t q_arow_bytes(int64_t kp) {
+    return (size_t)kp + (size_t)kp / 4 * 8 + (size_t)kp / 16 * 4 + (size_t)kp / 16 * 2;
+}
 static inline size_t q_wrow_bytes(int64_t kp) { return (size_t)kp + (size_t)kp + (size_t)kp / 16 * 4; }
 
 static void q_arow_at(q_arow *r, char *base, int64_t kp) {
@@ -50,6 +54,7 @@ static void q_arow_at(q_arow *r, char *base, int64_t kp) {
     r->nbias = (int32_t *)(base + kp);
     r->gsum = (float *)(base + 2 * kp);
     r->q = (int8_t *)(base + 2 * kp + kp / 4);
+    r->isum = (int16_t *)(base + 3 * kp + kp / 4);
 }
 
 static void q_wrow_at(q_wrow *r, char *base, int64_t kp) {
@@ -592,6 +597,7 @@ QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, 
         int32_t s = 0;
         for (int j = 0; j < 16; j++) s += a->q[16 * g + j];
         a->gsum[g] = a->ls[4 * g] * (float)s;
+        a->isum[g] = (int16_t)s;
     }
 }
 
@@ -782,7 +788,163 @@ QATTR static int FN(q_dot_direct_k)(int t, const uint8_t *const *wr, int R, int6
 #endif
 }
 
+#if ISA_LEVEL == 2
+/* Q4_K and Q6_K rows against one Q8_K activation row on AVX-512 VNNI, R (1..4) weight rows per pass
+   so the activation loads are shared. As ggml's x86 kernels, a super-block's sub-block scales stay in
+   integers: per 64 weights one dpbusd (unsigned weights times signed activations, 4 products per
+   32-bit lane, |lane| <= 4 * 63 * 128 fits 16 bits), two such results packed to 16 bits and
+   multiplied by their sub-block scales with dpwssd, and one float multiply-add per super-block with
+   d_w * d_a. The Q4_K mins and the Q6_K offset of 32 pair with the activations' group sums in
+   integers too. */
+static const int16_t q_k4_scale_idx[2][32] __attribute__((aligned(64))) = {
+    /* packs(p[2c], p[2c+1]) lane i: chunk 2c + (i%8 >= 4), sub-block 2 * chunk + (i/8 >= 2) */
+    {0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3},
+    {4, 4, 4, 4, 6, 6, 6, 6, 4, 4, 4, 4, 6, 6, 6, 6, 5, 5, 5, 5, 7, 7, 7, 7, 5, 5, 5, 5, 7, 7, 7, 7},
+};
+static const int16_t q_k6_scale_idx[2][32] __attribute__((aligned(64))) = {
+    /* packs(p[2c], p[2c+1]) lane i: group 4 * (chunk 2c + (i%8 >= 4)) + i/8 */
+    {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
+    {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
+};
+
+/* the 8 scales and 8 mins of a Q4_K super-block (12 bytes of 6-bit fields) as 16 int16: scales, then mins */
+QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t sl = u[0] & 0x3f3f3f3fu, ml = u[1] & 0x3f3f3f3fu;
+    const uint32_t sh = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t mh = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)mh, (int)ml, (int)sh, (int)sl));
+}
+
+QATTR static inline float FN(q_hsum512)(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const uint8_t *const *wr, const int R,
+                                                                        int64_t nsb, const q_arow *a, float *out) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i ix0 = _mm512_load_si512((const void *)q_k4_scale_idx[0]);
+    const __m512i ix1 = _mm512_load_si512((const void *)q_k4_scale_idx[1]);
+    __m512 acc[4];
+    __m128 accm[4];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        accm[r] = _mm_setzero_ps();
+    }
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const int8_t *aq = a->q + 256 * ib;
+        const __m512i a0 = _mm512_loadu_si512((const void *)aq), a1 = _mm512_loadu_si512((const void *)(aq + 64));
+        const __m512i a2 = _mm512_loadu_si512((const void *)(aq + 128)), a3 = _mm512_loadu_si512((const void *)(aq + 192));
+        const float dy = a->ls[64 * ib];
+        /* sums of the 8 sub-blocks of 32 (int16: at most 32 * 128) */
+        const __m256i gs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib)),
+                                             _mm256_set1_epi16(1));
+        const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(gs), _mm256_extracti128_si256(gs, 1));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + 144 * ib;
+            int32_t dpair;
+            memcpy(&dpair, b, 4);
+            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(dy)); /* d*dy, dmin*dy */
+            const __m256i sm = FN(q_k4_scales_mins)(b + 4);
+            const __m512i sm5 = _mm512_castsi256_si512(sm);
+            __m512i w[4], p[4];
+            for (int c = 0; c < 4; c++)
+                w[c] = _mm512_and_si512(
+                    _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c))),
+                                      hshift), m4);
+            p[0] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], a0);
+            p[1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], a1);
+            p[2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2], a2);
+            p[3] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[3], a3);
+            __m512i sumi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(p[0], p[1]),
+                                               _mm512_permutexvar_epi16(ix0, sm5));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p[2], p[3]), _mm512_permutexvar_epi16(ix1, sm5));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_broadcastss_ps(dd), acc[r]);
+            const __m128i mb = _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs);
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mb), _mm_permute_ps(dd, 0x55), accm[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = FN(q_hsum512)(acc[r]) - _mm_cvtss_f32(m);
+    }
+}
+
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const uint8_t *const *wr, const int R,
+                                                                        int64_t nsb, const q_arow *a, float *out) {
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i ix0 = _mm512_load_si512((const void *)q_k6_scale_idx[0]);
+    const __m512i ix1 = _mm512_load_si512((const void *)q_k6_scale_idx[1]);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const int8_t *aq = a->q + 256 * ib;
+        const __m512i a0 = _mm512_loadu_si512((const void *)aq), a1 = _mm512_loadu_si512((const void *)(aq + 64));
+        const __m512i a2 = _mm512_loadu_si512((const void *)(aq + 128)), a3 = _mm512_loadu_si512((const void *)(aq + 192));
+        const float dy = a->ls[64 * ib];
+        const __m256i gs = _mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + 210 * ib;
+            const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+            const __m512i sc5 = _mm512_castsi256_si512(sc);
+            __m512i u[4];
+            for (int h = 0; h < 2; h++) { /* elements 128h + [0, 64) and 128h + [64, 128) */
+                const __m512i l = _mm512_loadu_si512((const void *)(b + 64 * h));
+                const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)));
+                u[2 * h] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m0f), _mm512_sllv_epi16(hb, sh_lo), m30, 0xF8);
+                u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m0f),
+                                                         _mm512_srlv_epi16(hb, sh_hi), m30, 0xF8);
+            }
+            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], a0);
+            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], a1);
+            const __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], a2);
+            const __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], a3);
+            /* the stored values are q + 32: sum sc * q = sum sc * (q + 32) - 32 * sum sc * (group sum) */
+            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, gs), 5);
+            __m512i sumi = _mm512_dpwssd_epi32(_mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), off)),
+                                               _mm512_packs_epi32(p0, p1), _mm512_permutexvar_epi16(ix0, sc5));
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p2, p3), _mm512_permutexvar_epi16(ix1, sc5));
+            const float d = dy * FN(q_h2f)(b + 208);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
+}
+
+/* out[r] = wr[r] . a for R (1..4) Q4_K or Q6_K rows of K elements; 0: not handled here */
+QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+    const int64_t nsb = K / 256;
+    if (t == Q_Q4_K) {
+        switch (R) {
+        case 4: FN(q_gemv_q4k_r)(wr, 4, nsb, a, out); return 1;
+        case 3: FN(q_gemv_q4k_r)(wr, 3, nsb, a, out); return 1;
+        case 2: FN(q_gemv_q4k_r)(wr, 2, nsb, a, out); return 1;
+        default: FN(q_gemv_q4k_r)(wr, 1, nsb, a, out); return 1;
+        }
+    }
+    if (t == Q_Q6_K) {
+        switch (R) {
+        case 4: FN(q_gemv_q6k_r)(wr, 4, nsb, a, out); return 1;
+        case 3: FN(q_gemv_q6k_r)(wr, 3, nsb, a, out); return 1;
+        case 2: FN(q_gemv_q6k_r)(wr, 2, nsb, a, out); return 1;
+        default: FN(q_gemv_q6k_r)(wr, 1, nsb, a, out); return 1;
+        }
+    }
+    return 0;
+}
+#endif
+
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+#if ISA_LEVEL == 2
+    if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_gemv_k)(t, wr, R, K, a, out);
+#endif
     if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_dot_direct_k)(t, wr, R, K, a, out);
 #if ISA_LEVEL == 2
     if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
@@ -836,6 +998,8 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #endif
 }
 
+/* weight rows per call of the fused kernels: the VNNI K-quant kernels share their activation loads over 4 */
+#define Q_DIRECT_ROWS(t) (ISA_LEVEL == 2 && ((t) == Q_Q4_K || (t) == Q_Q6_K) ? 4 : 1)
 #define QM_DIRECT 1 /* activation rows per tile up to which weights are read straight from their blocks (2 measured slower) */
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
@@ -920,7 +1084,10 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
                         q_arow ar;
                         q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
                         float o[4];
-                        for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
+                        if (Q_DIRECT_ROWS(qa) > 1)
+                            done = FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+                        else
+                            for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
                         for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
                     }
                     if (done) continue;
@@ -1037,6 +1204,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 #undef Q_VNNI
 #undef QBIAS_PAD
 #undef QM_DIRECT
+#undef Q_DIRECT_ROWS
 #undef QV
 #undef QVF
 #undef QV16
