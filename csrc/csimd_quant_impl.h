@@ -820,7 +820,8 @@ QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
 QATTR static inline float FN(q_hsum512)(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const uint8_t *const *wr, const int R,
-                                                                        int64_t nsb, const q_arow *a, float *out) {
+                                                                        int64_t nsb, const q_arow *a, float *out,
+                                                                        const int64_t pf) {
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i ix0 = _mm512_load_si512((const void *)q_k4_scale_idx[0]);
@@ -844,6 +845,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const u
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + 144 * ib;
+            if (pf)
+                for (int l = 0; l < 144; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
             int32_t dpair;
             memcpy(&dpair, b, 4);
             const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(dy)); /* d*dy, dmin*dy */
@@ -874,7 +877,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const u
 }
 
 QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const uint8_t *const *wr, const int R,
-                                                                        int64_t nsb, const q_arow *a, float *out) {
+                                                                        int64_t nsb, const q_arow *a, float *out,
+                                                                        const int64_t pf) {
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i sh_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
@@ -892,6 +896,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const u
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + 210 * ib;
+            if (pf)
+                for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
             const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
             const __m512i sc5 = _mm512_castsi256_si512(sc);
             __m512i u[4];
@@ -918,23 +924,118 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const u
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
 }
 
-/* out[r] = wr[r] . a for R (1..4) Q4_K or Q6_K rows of K elements; 0: not handled here */
-QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+/* Q4_0, Q5_0 and Q8_0 rows against one Q8_0 activation row on AVX-512 VNNI, R (1..4) weight rows per
+   pass. 64 weights (two blocks) per vector as unsigned bytes (the format's offset, 8, 16 or 128, added),
+   the offset taken back in dpbusd's accumulator (-offset * the sum of each 4 activations), then one
+   float multiply-add per vector with each block's d_w * d_a. The four fp16 scales of 128 weights are
+   converted at once. */
+QATTR static inline __m512i FN(q_pair_u8)(int t, const uint8_t *b0, const uint8_t *b1) {
+    if (t == Q_Q8_0)
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                                                   _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1),
+                                _mm512_set1_epi8((char)0x80));
+    const int qo = t == Q_Q5_0 ? 6 : 2;
+    /* [b0's bytes, b0's, b1's, b1's]: low nibbles in 128-bit lanes 0 and 2 (elements 0..15), high in 1 and 3 */
+    const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + qo))),
+                                                  (__mmask16)0xFF00, _mm_loadu_si128((const __m128i *)(b1 + qo)));
+    const __m512i nib_shift = _mm512_broadcast_i64x4(_mm256_set_m128i(_mm_set1_epi16(4), _mm_setzero_si128()));
+    const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), _mm512_set1_epi8(15));
+    if (t == Q_Q4_0) return u;
+    uint32_t h0, h1; /* Q5_0: bit j of qh is element j's fifth bit */
+    memcpy(&h0, b0 + 2, 4);
+    memcpy(&h1, b1 + 2, 4);
+    return _mm512_mask_add_epi8(u, (__mmask64)(h0 | (uint64_t)h1 << 32), u, _mm512_set1_epi8(16));
+}
+
+QATTR static inline uint16_t FN(q_f16_bits)(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
+                                                                        const int R, int64_t K, const q_arow *a,
+                                                                        float *out, const int64_t pf) {
+    const int64_t bb = q_block_bytes(t);
+    const int nb_shift = t == Q_Q8_0 ? 0 : t == Q_Q4_0 ? 4 : 3; /* a->nbias is -128 * sum: -8 and -16 * sum */
+    const __m512i blk0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i blk1 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 128 <= K; k += 128) {
+        const __m512i a0 = _mm512_loadu_si512((const void *)(a->q + k));
+        const __m512i a1 = _mm512_loadu_si512((const void *)(a->q + k + 64));
+        const __m512i n0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
+        const __m512i n1 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4 + 16)), nb_shift);
+        const __m512 s0 = _mm512_loadu_ps(a->ls + k / 4), s1 = _mm512_loadu_ps(a->ls + k / 4 + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + (k / 32) * bb;
+            if (pf) { /* the same bytes pf further on (the rows a few passes ahead) */
+                _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+                _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
+                if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+            }
+            const uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16 |
+                                (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
+            const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+            const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
+            const __m512i p1 = _mm512_dpbusd_epi32(n1, FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb), a1);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(_mm512_permutexvar_ps(blk1, wd), s1), acc[r]);
+        }
+    }
+    if (k < K) { /* 64 left */
+        const __m512i a0 = _mm512_loadu_si512((const void *)(a->q + k));
+        const __m512i n0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
+        const __m512 s0 = _mm512_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + (k / 32) * bb;
+            const uint32_t hh = (uint32_t)FN(q_f16_bits)(b) | (uint32_t)FN(q_f16_bits)(b + bb) << 16;
+            const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)hh)));
+            const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
+}
+
+#define Q_GEMV_ROWS(fn, t, wr, R, K, a, out, pf)       \
+    switch (R) {                                        \
+    case 4: FN(fn)(t, wr, 4, K, a, out, pf); break;     \
+    case 3: FN(fn)(t, wr, 3, K, a, out, pf); break;     \
+    case 2: FN(fn)(t, wr, 2, K, a, out, pf); break;     \
+    default: FN(fn)(t, wr, 1, K, a, out, pf); break;    \
+    }
+
+/* out[r] = wr[r] . a for R (1..4) rows of K elements (Q4_0, Q5_0, Q8_0: K a multiple of 64; Q4_K, Q6_K);
+   0: not handled here */
+QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
+                              int64_t pf) {
     const int64_t nsb = K / 256;
+    if (K % 64 == 0) {
+        if (t == Q_Q4_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_0, wr, R, K, a, out, pf) return 1; }
+        if (t == Q_Q5_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_0, wr, R, K, a, out, pf) return 1; }
+        if (t == Q_Q8_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1; }
+    }
     if (t == Q_Q4_K) {
         switch (R) {
-        case 4: FN(q_gemv_q4k_r)(wr, 4, nsb, a, out); return 1;
-        case 3: FN(q_gemv_q4k_r)(wr, 3, nsb, a, out); return 1;
-        case 2: FN(q_gemv_q4k_r)(wr, 2, nsb, a, out); return 1;
-        default: FN(q_gemv_q4k_r)(wr, 1, nsb, a, out); return 1;
+        case 4: FN(q_gemv_q4k_r)(wr, 4, nsb, a, out, pf); return 1;
+        case 3: FN(q_gemv_q4k_r)(wr, 3, nsb, a, out, pf); return 1;
+        case 2: FN(q_gemv_q4k_r)(wr, 2, nsb, a, out, pf); return 1;
+        default: FN(q_gemv_q4k_r)(wr, 1, nsb, a, out, pf); return 1;
         }
     }
     if (t == Q_Q6_K) {
         switch (R) {
-        case 4: FN(q_gemv_q6k_r)(wr, 4, nsb, a, out); return 1;
-        case 3: FN(q_gemv_q6k_r)(wr, 3, nsb, a, out); return 1;
-        case 2: FN(q_gemv_q6k_r)(wr, 2, nsb, a, out); return 1;
-        default: FN(q_gemv_q6k_r)(wr, 1, nsb, a, out); return 1;
+        case 4: FN(q_gemv_q6k_r)(wr, 4, nsb, a, out, pf); return 1;
+        case 3: FN(q_gemv_q6k_r)(wr, 3, nsb, a, out, pf); return 1;
+        case 2: FN(q_gemv_q6k_r)(wr, 2, nsb, a, out, pf); return 1;
+        default: FN(q_gemv_q6k_r)(wr, 1, nsb, a, out, pf); return 1;
         }
     }
     return 0;
@@ -943,7 +1044,7 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
 #if ISA_LEVEL == 2
-    if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_gemv_k)(t, wr, R, K, a, out);
+    if (FN(q_gemv_k)(t, wr, R, K, a, out, 0)) return 1;
 #endif
     if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_dot_direct_k)(t, wr, R, K, a, out);
 #if ISA_LEVEL == 2
@@ -998,8 +1099,11 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #endif
 }
 
-/* weight rows per call of the fused kernels: the VNNI K-quant kernels share their activation loads over 4 */
-#define Q_DIRECT_ROWS(t) (ISA_LEVEL == 2 && ((t) == Q_Q4_K || (t) == Q_Q6_K) ? 4 : 1)
+/* weight rows per call of the fused kernels: the VNNI ones share their activation loads over 4. Four
+   interleaved rows are four short streams, which the hardware prefetchers follow poorly when the weights
+   come from memory (measured: Q6_K 1x2048x32768 at 0.45x ggml against 1.2x row by row), so these calls
+   prefetch (to L2) the rows three passes ahead (then 1.5x). */
+#define Q_DIRECT_ROWS(t) (ISA_LEVEL == 2 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K) ? 4 : 1)
 #define QM_DIRECT 1 /* activation rows per tile up to which weights are read straight from their blocks (2 measured slower) */
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
@@ -1084,9 +1188,12 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
                         q_arow ar;
                         q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
                         float o[4];
-                        if (Q_DIRECT_ROWS(qa) > 1)
-                            done = FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+#if ISA_LEVEL == 2
+                        if (Q_DIRECT_ROWS(qa) > 1) /* prefetched: the rows 3 passes ahead, if the matrix has them */
+                            done = FN(q_gemv_k)(qa, wr, R, K, &ar, o, m + 4 * R <= M ? 3 * R * wnb1 : 0) ||
+                                   FN(q_dot_direct)(qa, wr, R, K, &ar, o);
                         else
+#endif
                             for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
                         for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
                     }
@@ -1205,6 +1312,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 #undef QBIAS_PAD
 #undef QM_DIRECT
 #undef Q_DIRECT_ROWS
+#undef Q_GEMV_ROWS
 #undef QV
 #undef QVF
 #undef QV16

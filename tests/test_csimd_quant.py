@@ -341,6 +341,8 @@ def test_mul_mat_priority_formats(cs, isa, t, nth):
     rng = np.random.default_rng(int(t) * 3 + nth)
     _mul_mat_case(cs, t, 512, 13, 7, (1, 1), (1, 1), nth, False, rng)  # odd M and N
     _mul_mat_case(cs, t, 256, 9, 1, (1, 1), (1, 1), nth, False, rng)  # matrix-vector (weights read from blocks)
+    for m in (6, 7, 19):  # the fused kernels' passes of 4 weight rows, a remainder of 2 or 3, rows prefetched ahead
+        _mul_mat_case(cs, t, 320 if _block(t)[0] == 32 else 512, m, 1, (1, 1), (1, 1), nth, False, rng)
     if _block(t)[0] == 32:
         _mul_mat_case(cs, t, 96, 5, 1, (1, 1), (1, 1), nth, False, rng)  # K not a multiple of 64
     _mul_mat_case(cs, t, 256, 5, 70, (2, 1), (4, 3), nth, True, rng)  # broadcast over dims 2/3, > one tile, permuted
