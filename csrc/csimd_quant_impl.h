@@ -576,6 +576,37 @@ QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int
     if (done < n) FN(q_dequant_row)(t, src + done / be * bb, dst + done, n - done);
 }
 
+/* an activation row's sums from its q and lane scales: -128 * each lane's sum (nbias), each group's
+   sum (isum) and that times its scale (gsum) */
+QATTR static void FN(q_arow_sums)(q_arow *a, int64_t kp) {
+#if ISA_LEVEL == 2
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t l = 0; l < kp / 4; l += 16) { /* 64 values: 16 lanes, 4 groups (one per 128-bit lane) */
+        const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512((const void *)(a->q + 4 * l)));
+        _mm512_storeu_si512((void *)(a->nbias + l), _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s4, 7)));
+        __m512i t = _mm512_add_epi32(s4, _mm512_shuffle_epi32(s4, (_MM_PERM_ENUM)0x4E));
+        t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, (_MM_PERM_ENUM)0xB1));
+        int32_t gs[16];
+        _mm512_storeu_si512((void *)gs, t);
+        for (int g = 0; g < 4; g++) {
+            a->isum[l / 4 + g] = (int16_t)gs[4 * g];
+            a->gsum[l / 4 + g] = a->ls[l + 4 * g] * (float)gs[4 * g];
+        }
+    }
+#else
+    for (int64_t l = 0; l < kp / 4; l++) {
+        const int8_t *x = a->q + 4 * l;
+        a->nbias[l] = -128 * ((int32_t)x[0] + x[1] + x[2] + x[3]);
+    }
+    for (int64_t g = 0; g < kp / 16; g++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) s += a->q[16 * g + j];
+        a->gsum[g] = a->ls[4 * g] * (float)s;
+        a->isum[g] = (int16_t)s;
+    }
+#endif
+}
+
 /* an activation row already in an activation format (Q8_0/Q8_1/Q8_K blocks) into its decoded form */
 QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, int64_t kp, q_arow *a) {
     const int be = q_block_elems(at), bb = q_block_bytes(at);
@@ -589,20 +620,73 @@ QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, 
     }
     memset(a->q + K, 0, (size_t)(kp - K));
     for (int64_t l = K / 4; l < kp / 4; l++) a->ls[l] = 0.0f;
-    for (int64_t l = 0; l < kp / 4; l++) {
-        const int8_t *x = a->q + 4 * l;
-        a->nbias[l] = -128 * ((int32_t)x[0] + x[1] + x[2] + x[3]);
-    }
-    for (int64_t g = 0; g < kp / 16; g++) {
-        int32_t s = 0;
-        for (int j = 0; j < 16; j++) s += a->q[16 * g + j];
-        a->gsum[g] = a->ls[4 * g] * (float)s;
-        a->isum[g] = (int16_t)s;
-    }
+    FN(q_arow_sums)(a, kp);
 }
+
+#if ISA_LEVEL == 2
+/* Q8_K / Q8_0 quantization of an F32 row straight into its decoded form, 16 values a vector: the same
+   bytes and scales as q_quant_q8_k / q_quant_q8_0 (the products rounded to float, then to the nearest
+   integer, ties to even, as nearbyintf in the default rounding mode). A block holding a NaN or an
+   infinity goes through the scalar quantizer (C's conversion of those to int is not the vector one's). */
+QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
+    const int be = q_block_elems(at);
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    for (int64_t ib = 0; ib < K / be; ib++) {
+        const float *xb = x + ib * be;
+        int8_t *q = a->q + ib * be;
+        float *ls = a->ls + ib * be / 4;
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 finite = 0xFFFF;
+        for (int j = 0; j < be; j += 16) {
+            const __m512 ax = _mm512_abs_ps(_mm512_loadu_ps(xb + j));
+            finite &= _mm512_cmp_ps_mask(ax, inf, _CMP_LT_OQ);
+            mx = _mm512_max_ps(ax, mx);
+        }
+        float d = 0.0f, mul = 0.0f;
+        if (finite != 0xFFFF) { /* the scalar quantizer, then decoded as q_arow_fill_blocks does */
+            float sc[16], mn[16];
+            q_quantize_block(at, 0, xb, tmp);
+            FN(q_decode)(at, tmp, q, sc, mn);
+            for (int g = 0; g < be / 16; g++) ls[4 * g] = ls[4 * g + 1] = ls[4 * g + 2] = ls[4 * g + 3] = sc[g];
+            continue;
+        }
+        const float amax = _mm512_reduce_max_ps(mx);
+        if (at == Q_Q8_K) {
+            if (amax != 0.0f) {
+                int j = 0; /* the first value of the largest magnitude, with its sign */
+                while (fabsf(xb[j]) != amax) j++;
+                const float iscale = -127.0f / xb[j];
+                mul = iscale;
+                d = 1.0f / iscale;
+            }
+        } else {
+            uint8_t h[2];
+            q_put_f16(h, amax / 127.0f);
+            d = q_f16(h); /* the block stores d as fp16 */
+            mul = amax != 0.0f ? 127.0f / amax : 0.0f;
+        }
+        const __m512 vm = _mm512_set1_ps(mul);
+        for (int j = 0; j < be; j += 16) {
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(vm, _mm512_loadu_ps(xb + j)));
+            if (at == Q_Q8_K) v = _mm512_min_epi32(v, _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtepi32_epi8(v));
+        }
+        for (int l = 0; l < be / 4; l += 8) _mm256_storeu_ps(ls + l, _mm256_set1_ps(d));
+    }
+    memset(a->q + K, 0, (size_t)(kp - K));
+    for (int64_t l = K / 4; l < kp / 4; l++) a->ls[l] = 0.0f;
+    FN(q_arow_sums)(a, kp);
+}
+#endif
 
 /* an F32 row quantized to the activation type `at` as ggml's CPU backend does, then decoded */
 QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
+#if ISA_LEVEL == 2
+    if (at == Q_Q8_K || at == Q_Q8_0) {
+        FN(q_arow_fill_fast)(at, x, K, kp, a, tmp);
+        return;
+    }
+#endif
     const int be = q_block_elems(at), bb = q_block_bytes(at);
     for (int64_t ib = 0; ib < K / be; ib++) q_quantize_block(at, 0, x + ib * be, tmp + ib * bb);
     FN(q_arow_fill_blocks)(at, tmp, K, kp, a);
@@ -792,10 +876,11 @@ QATTR static int FN(q_dot_direct_k)(int t, const uint8_t *const *wr, int R, int6
 /* Q4_K and Q6_K rows against one Q8_K activation row on AVX-512 VNNI, R (1..4) weight rows per pass
    so the activation loads are shared. As ggml's x86 kernels, a super-block's sub-block scales stay in
    integers: per 64 weights one dpbusd (unsigned weights times signed activations, 4 products per
-   32-bit lane, |lane| <= 4 * 63 * 128 fits 16 bits), two such results packed to 16 bits and
+   32-bit lane, which fits 16 bits: Q4_K 4 * 15 * 128, Q6_K 4 * 32 * 128), two such results packed and
    multiplied by their sub-block scales with dpwssd, and one float multiply-add per super-block with
-   d_w * d_a. The Q4_K mins and the Q6_K offset of 32 pair with the activations' group sums in
-   integers too. */
+   d_w * d_a. The Q4_K mins pair with the activations' group sums in integers too; Q6_K's offset of 32
+   is taken back in dpbusd's accumulator (-32 * the sum of each 4 activations), so every lane holds its
+   own part of the product (no large lanes cancelling in float). */
 static const int16_t q_k4_scale_idx[2][32] __attribute__((aligned(64))) = {
     /* packs(p[2c], p[2c+1]) lane i: chunk 2c + (i%8 >= 4), sub-block 2 * chunk + (i/8 >= 2) */
     {0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3},
@@ -891,7 +976,9 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const u
         const __m512i a0 = _mm512_loadu_si512((const void *)aq), a1 = _mm512_loadu_si512((const void *)(aq + 64));
         const __m512i a2 = _mm512_loadu_si512((const void *)(aq + 128)), a3 = _mm512_loadu_si512((const void *)(aq + 192));
         const float dy = a->ls[64 * ib];
-        const __m256i gs = _mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib));
+        __m512i nb[4]; /* the stored values are q + 32: dpbusd starts from -32 * (the sum of each 4 activations) */
+        for (int c = 0; c < 4; c++)
+            nb[c] = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + 64 * ib + 16 * c)), 2);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
@@ -908,14 +995,13 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const u
                 u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m0f),
                                                          _mm512_srlv_epi16(hb, sh_hi), m30, 0xF8);
             }
-            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], a0);
-            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[1], a1);
-            const __m512i p2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[2], a2);
-            const __m512i p3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[3], a3);
-            /* the stored values are q + 32: sum sc * q = sum sc * (q + 32) - 32 * sum sc * (group sum) */
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc, gs), 5);
-            __m512i sumi = _mm512_dpwssd_epi32(_mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), off)),
-                                               _mm512_packs_epi32(p0, p1), _mm512_permutexvar_epi16(ix0, sc5));
+            /* |4 q a| <= 4 * 32 * 128: 16 bits */
+            const __m512i p0 = _mm512_dpbusd_epi32(nb[0], u[0], a0);
+            const __m512i p1 = _mm512_dpbusd_epi32(nb[1], u[1], a1);
+            const __m512i p2 = _mm512_dpbusd_epi32(nb[2], u[2], a2);
+            const __m512i p3 = _mm512_dpbusd_epi32(nb[3], u[3], a3);
+            __m512i sumi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(p0, p1),
+                                               _mm512_permutexvar_epi16(ix0, sc5));
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(p2, p3), _mm512_permutexvar_epi16(ix1, sc5));
             const float d = dy * FN(q_h2f)(b + 208);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d), acc[r]);
