@@ -628,8 +628,9 @@ QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, 
    bytes and scales as q_quant_q8_k / q_quant_q8_0 (the products rounded to float, then to the nearest
    integer, ties to even, as nearbyintf in the default rounding mode). A block holding a NaN or an
    infinity goes through the scalar quantizer (C's conversion of those to int is not the vector one's). */
-QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
+QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_t kp, q_arow *a) {
     const int be = q_block_elems(at);
+    uint8_t tmp[292]; /* one Q8_K block */
     const __m512 inf = _mm512_set1_ps(INFINITY);
     for (int64_t ib = 0; ib < K / be; ib++) {
         const float *xb = x + ib * be;
@@ -679,11 +680,12 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
 }
 #endif
 
-/* an F32 row quantized to the activation type `at` as ggml's CPU backend does, then decoded */
+/* an F32 row quantized to the activation type `at` as ggml's CPU backend does, then decoded; tmp holds
+   the row's blocks (unused on the AVX-512 path of Q8_0 and Q8_K) */
 QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
 #if ISA_LEVEL == 2
     if (at == Q_Q8_K || at == Q_Q8_0) {
-        FN(q_arow_fill_fast)(at, x, K, kp, a, tmp);
+        FN(q_arow_fill_fast)(at, x, K, kp, a);
         return;
     }
 #endif
@@ -1197,33 +1199,106 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 
 /* every row of b ([K, ne1, ne2, ne3] F32, any strides) quantized to `at` and decoded, row r = (n, i2, i3)
    in order, into acts (q_arow_bytes(kp) each); 0 or -2 (out of memory) */
+/* scratch of one thread of q_quant_acts: a gathered row (strided b) and the row's blocks (the scalar quantizers) */
+QATTR static int FN(q_act_scratch)(int at, const csimd_tensor *b, float **xrow, uint8_t **tmp) {
+    const int64_t K = b->ne[0];
+    *xrow = b->nb[0] != 4 ? (float *)csimd_alloc((size_t)K * 4 + 64) : NULL;
+    *tmp = ISA_LEVEL == 2 && (at == Q_Q8_K || at == Q_Q8_0) ? NULL
+                                                            : (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320);
+    return (b->nb[0] == 4 || *xrow) && (*tmp || (ISA_LEVEL == 2 && (at == Q_Q8_K || at == Q_Q8_0)));
+}
+
+QATTR static void FN(q_quant_act_row)(int at, const csimd_tensor *b, int64_t kp, char *acts, int64_t r, float *xrow,
+                                      uint8_t *tmp) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2];
+    const char *src = ELT(b, 0, r % N, (r / N) % B2, r / (N * B2));
+    const float *x = (const float *)src;
+    if (b->nb[0] != 4) {
+        for (int64_t k = 0; k < K; k++) memcpy(xrow + k, src + k * b->nb[0], 4);
+        x = xrow;
+    }
+    q_arow ar;
+    q_arow_at(&ar, acts + q_arow_bytes(kp) * (size_t)r, kp);
+    FN(q_arow_fill_f32)(at, x, K, kp, &ar, tmp);
+}
+
+/* every row of b ([K, ne1, ne2, ne3] F32, any strides) quantized to `at` and decoded, row r = (n, i2, i3)
+   in order, into acts (q_arow_bytes(kp) each); 0 or -2 (out of memory). One thread or one row: no
+   OpenMP region (entering one costs about as much as quantizing a row of 2048). */
 QATTR static int FN(q_quant_acts)(int at, const csimd_tensor *b, int64_t kp, char *acts, int nth) {
-    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nrows = N * B2 * b->ne[3];
-    const size_t ab = q_arow_bytes(kp);
+    const int64_t nrows = b->ne[1] * b->ne[2] * b->ne[3];
     int failed = 0;
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1 && nrows > 1) reduction(| : failed)
+    if (nth <= 1 || nrows <= 1) {
+        float *xrow;
+        uint8_t *tmp;
+        if (FN(q_act_scratch)(at, b, &xrow, &tmp))
+            for (int64_t r = 0; r < nrows; r++) FN(q_quant_act_row)(at, b, kp, acts, r, xrow, tmp);
+        else
+            failed = 1;
+        free(xrow);
+        free(tmp);
+        return failed ? -2 : 0;
+    }
+#pragma omp parallel num_threads(nth) reduction(| : failed)
     {
-        float *xrow = (float *)csimd_alloc((size_t)K * 4 + 64);
-        uint8_t *tmp = (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320); /* Q8_K: 292 bytes per 256 */
-        if (!xrow || !tmp) failed = 1;
+        float *xrow;
+        uint8_t *tmp;
+        const int ok = FN(q_act_scratch)(at, b, &xrow, &tmp);
+        if (!ok) failed = 1;
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < nrows; r++) {
-            if (!xrow || !tmp) continue;
-            const char *src = ELT(b, 0, r % N, (r / N) % B2, r / (N * B2));
-            const float *x = (const float *)src;
-            if (b->nb[0] != 4) {
-                for (int64_t k = 0; k < K; k++) memcpy(xrow + k, src + k * b->nb[0], 4);
-                x = xrow;
-            }
-            q_arow ar;
-            q_arow_at(&ar, acts + ab * (size_t)r, kp);
-            FN(q_arow_fill_f32)(at, x, K, kp, &ar, tmp);
-        }
+        for (int64_t r = 0; r < nrows; r++)
+            if (ok) FN(q_quant_act_row)(at, b, kp, acts, r, xrow, tmp);
         free(xrow);
         free(tmp);
     }
     return failed ? -2 : 0;
+}
+
+/* one item of q_gemm_groups: tile it / tiles_m of activation rows against weight rows [m0, m1) of its group;
+   *wbuf (4 decoded weight rows) allocated when first needed. 0 or -2 (out of memory). */
+QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, const char *const *gw, const int64_t *goff,
+                                 const int64_t *arow, float *const *out, const char *acts, int64_t kp,
+                                 const int64_t *tile, int64_t tiles_m, int64_t mi, int64_t it, char **wbuf) {
+    const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
+    const int64_t tm = it % tiles_m, ti = it / tiles_m, g = tile[2 * ti], j0 = tile[2 * ti + 1];
+    const int64_t j1 = j0 + QM_NC < goff[g + 1] ? j0 + QM_NC : goff[g + 1];
+    const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
+    q_wrow w[4];
+    for (int64_t m = m0; m < m1; m += 4) {
+        const int R = (int)(m1 - m < 4 ? m1 - m : 4);
+        if (j1 - j0 <= QM_DIRECT) {
+            const uint8_t *wr[4];
+            for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
+            int done = 1;
+            for (int64_t j = j0; j < j1 && done; j++) {
+                q_arow ar;
+                q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
+                float o[4];
+#if ISA_LEVEL == 2
+                if (Q_DIRECT_ROWS(qa) > 1) /* prefetched: the rows 3 passes ahead, if the matrix has them */
+                    done = FN(q_gemv_k)(qa, wr, R, K, &ar, o, m + 4 * R <= M ? 3 * R * wnb1 : 0) ||
+                           FN(q_dot_direct)(qa, wr, R, K, &ar, o);
+                else
+#endif
+                    for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
+                for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
+            }
+            if (done) continue;
+        }
+        if (!*wbuf && !(*wbuf = (char *)csimd_alloc(wb * 4))) return -2; /* decoded rows: on first need */
+        for (int r = 0; r < R; r++) {
+            q_wrow_at(&w[r], *wbuf + wb * (size_t)r, kp);
+            FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
+        }
+        for (int64_t j = j0; j < j1; j++) {
+            q_arow ar;
+            q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
+            float o[4];
+            FN(q_dot)(w, R, &ar, kp, o);
+            for (int r = 0; r < R; r++) out[j][m + r] = o[r];
+        }
+    }
+    return 0;
 }
 
 /* Groups of activation rows against one weight matrix each (mul_mat: one group per batch matrix,
@@ -1233,11 +1308,11 @@ QATTR static int FN(q_quant_acts)(int at, const csimd_tensor *b, int64_t kp, cha
 QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, int64_t ngroups, const char *const *gw,
                                    const int64_t *goff, const int64_t *arow, float *const *out, const char *acts,
                                    int64_t kp, int nth) {
-    const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
     int64_t ntiles = 0;
     for (int64_t g = 0; g < ngroups; g++) ntiles += (goff[g + 1] - goff[g] + QM_NC - 1) / QM_NC;
     if (ntiles == 0) return 0;
-    int64_t *tile = (int64_t *)malloc((size_t)ntiles * 2 * sizeof(int64_t)); /* (group, first row) */
+    int64_t tile_small[2 * 16]; /* (group, first row) of each tile; the heap for many */
+    int64_t *tile = ntiles <= 16 ? tile_small : (int64_t *)malloc((size_t)ntiles * 2 * sizeof(int64_t));
     if (!tile) return -2;
     int64_t nt = 0;
     for (int64_t g = 0; g < ngroups; g++)
@@ -1251,53 +1326,24 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
     if (mi > M) mi = (M + 3) / 4 * 4;
     const int64_t tiles_m = (M + mi - 1) / mi, items = ntiles * tiles_m;
     int failed = 0;
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1 && items > 1) reduction(| : failed)
-    {
-        char *wbuf = (char *)csimd_alloc(wb * 4);
-        if (!wbuf) failed = 1;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            if (!wbuf) continue;
-            const int64_t tm = it % tiles_m, ti = it / tiles_m, g = tile[2 * ti], j0 = tile[2 * ti + 1];
-            const int64_t j1 = j0 + QM_NC < goff[g + 1] ? j0 + QM_NC : goff[g + 1];
-            const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
-            q_wrow w[4];
-            for (int r = 0; r < 4; r++) q_wrow_at(&w[r], wbuf + wb * (size_t)r, kp);
-            for (int64_t m = m0; m < m1; m += 4) {
-                const int R = (int)(m1 - m < 4 ? m1 - m : 4);
-                if (j1 - j0 <= QM_DIRECT) {
-                    const uint8_t *wr[4];
-                    for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
-                    int done = 1;
-                    for (int64_t j = j0; j < j1 && done; j++) {
-                        q_arow ar;
-                        q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
-                        float o[4];
-#if ISA_LEVEL == 2
-                        if (Q_DIRECT_ROWS(qa) > 1) /* prefetched: the rows 3 passes ahead, if the matrix has them */
-                            done = FN(q_gemv_k)(qa, wr, R, K, &ar, o, m + 4 * R <= M ? 3 * R * wnb1 : 0) ||
-                                   FN(q_dot_direct)(qa, wr, R, K, &ar, o);
-                        else
-#endif
-                            for (int r = 0; r < R && done; r++) done = FN(q_dot_direct)(qa, wr + r, 1, K, &ar, o + r);
-                        for (int r = 0; r < R && done; r++) out[j][m + r] = o[r];
-                    }
-                    if (done) continue;
-                }
-                for (int r = 0; r < R; r++) FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
-                for (int64_t j = j0; j < j1; j++) {
-                    q_arow ar;
-                    q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
-                    float o[4];
-                    FN(q_dot)(w, R, &ar, kp, o);
-                    for (int r = 0; r < R; r++) out[j][m + r] = o[r];
-                }
-            }
-        }
+    if (nth <= 1 || items <= 1) { /* no OpenMP region */
+        char *wbuf = NULL;
+        for (int64_t it = 0; it < items && !failed; it++)
+            failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, kp, tile, tiles_m, mi, it, &wbuf) != 0;
         free(wbuf);
+    } else {
+#pragma omp parallel num_threads(nth) reduction(| : failed)
+        {
+            char *wbuf = NULL;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < items; it++)
+                if (!failed)
+                    failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, kp, tile, tiles_m, mi, it,
+                                             &wbuf) != 0;
+            free(wbuf);
+        }
     }
-    free(tile);
+    if (tile != tile_small) free(tile);
     return failed ? -2 : 0;
 }
 
@@ -1306,12 +1352,14 @@ QATTR static int FN(q_mul_mat)(int qa, int at, const csimd_tensor *a, const csim
                                int nth) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
     const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3], kp = q_pad(K), nrows = N * B2 * B3, ng = B2 * B3;
-    char *acts = (char *)csimd_alloc(q_arow_bytes(kp) * (size_t)nrows);
-    const char **gw = (const char **)malloc((size_t)ng * sizeof(char *));
-    int64_t *goff = (int64_t *)malloc((size_t)(ng + 1) * sizeof(int64_t)), *arow = (int64_t *)malloc((size_t)nrows * 8);
-    float **out = (float **)malloc((size_t)nrows * sizeof(float *));
+    /* one allocation: the decoded activation rows, then the group and row tables (8-byte entries) */
+    const size_t actb = q_arow_bytes(kp) * (size_t)nrows;
+    char *acts = (char *)csimd_alloc(actb + (size_t)(2 * ng + 1 + 2 * nrows) * 8);
+    const char **gw = acts ? (const char **)(void *)(acts + actb) : NULL;
+    int64_t *goff = acts ? (int64_t *)(void *)(gw + ng) : NULL, *arow = acts ? goff + ng + 1 : NULL;
+    float **out = acts ? (float **)(void *)(arow + nrows) : NULL;
     int rc = -2;
-    if (acts && gw && goff && arow && out) {
+    if (acts) {
         for (int64_t g = 0; g < ng; g++) {
             const int64_t i2 = g % B2, i3 = g / B2;
             gw[g] = a->data + (i2 / r2) * a->nb[2] + (i3 / r3) * a->nb[3];
@@ -1326,10 +1374,6 @@ QATTR static int FN(q_mul_mat)(int qa, int at, const csimd_tensor *a, const csim
         if (rc == 0) rc = FN(q_gemm_groups)(qa, K, M, a->nb[1], ng, gw, goff, arow, out, acts, kp, nth);
     }
     free(acts);
-    free(gw);
-    free(goff);
-    free(arow);
-    free(out);
     return rc;
 }
 
