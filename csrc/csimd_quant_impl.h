@@ -781,98 +781,107 @@ QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
 }
 #endif
 
-/* Q4_K and Q6_K rows straight from their super-blocks (the same bytes and scales as q_wrow_fill) */
-QATTR static int FN(q_dot_direct_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
+/* the 8 scales and 8 mins of a Q4_K super-block (12 bytes of 6-bit fields) as 16 int16: scales, then mins */
 #if ISA_LEVEL >= 1
-    if (t != Q_Q4_K && t != Q_Q6_K) return 0;
-    const int64_t bb = q_block_bytes(t);
-    for (int r = 0; r < R; r++) {
-#if ISA_LEVEL == 2
-        __m512 acc = _mm512_setzero_ps();
-        const __m512i bias = _mm512_set1_epi8((char)0x80);
-#else
-        __m256 acc = _mm256_setzero_ps();
-        const __m256i ones = _mm256_set1_epi16(1);
-#endif
-        float offs = 0.0f;
-        for (int64_t ib = 0; ib < K / 256; ib++) {
-            const uint8_t *b = wr[r] + ib * bb;
-            const int64_t k0 = 256 * ib;
-            __m256i e[8]; /* 32 signed weights per sub-block of 32 (Q4_K: 0..15, Q6_K: -32..31) */
-            float sc[16]; /* scale per group of 16 */
-            if (t == Q_Q4_K) {
-                const float d = FN(q_h2f)(b), dmin = FN(q_h2f)(b + 2);
-                const __m256i m4 = _mm256_set1_epi8(15);
-                for (int c = 0; c < 4; c++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-                    e[2 * c] = _mm256_and_si256(v, m4);
-                    e[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                }
-                for (int j = 0; j < 8; j++) {
-                    int scj, mj;
-                    q_k_scale_min(b + 4, j, &scj, &mj);
-                    sc[2 * j] = sc[2 * j + 1] = d * (float)scj;
-                    const float off = -(dmin * (float)mj);
-                    offs += off * a->gsum[k0 / 16 + 2 * j] + off * a->gsum[k0 / 16 + 2 * j + 1];
-                }
-            } else {
-                const float d = FN(q_h2f)(b + 208);
-                const int8_t *s6 = (const int8_t *)(b + 192);
-                const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
-                for (int h = 0; h < 2; h++) {
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-                    const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-                    e[4 * h] = _mm256_sub_epi8(
-                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4)), m32);
-                    e[4 * h + 1] = _mm256_sub_epi8(
-                        _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4)), m32);
-                    e[4 * h + 2] = _mm256_sub_epi8(
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4)), m32);
-                    e[4 * h + 3] = _mm256_sub_epi8(
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4)), m32);
-                }
-                for (int g = 0; g < 16; g++) sc[g] = d * (float)s6[g];
-            }
-#if ISA_LEVEL == 2
-            for (int c = 0; c < 4; c++) { /* 64 weights: sub-blocks 2c, 2c+1 (groups 4c .. 4c+3) */
-                const int64_t k = k0 + 64 * c;
-                const __m512i wv = _mm512_xor_si512(
-                    _mm512_inserti64x4(_mm512_castsi256_si512(e[2 * c]), e[2 * c + 1], 1), bias);
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), wv,
-                                                      _mm512_loadu_si512((const void *)(a->q + k)));
-                const __m512 ws = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                                        _mm512_castps128_ps512(_mm_loadu_ps(sc + 4 * c)));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_loadu_ps(a->ls + k / 4)), acc);
-            }
-#else
-            for (int c = 0; c < 8; c++) { /* 32 weights: groups 2c, 2c+1 */
-                const int64_t k = k0 + 32 * c;
-                const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
-                const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(e[c], e[c]), _mm256_sign_epi8(av, e[c]));
-                const __m256 ws = _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1]), _mm_set1_ps(sc[2 * c]));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)),
-                                      _mm256_mul_ps(ws, _mm256_loadu_ps(a->ls + k / 4)), acc);
-            }
-#endif
-        }
-#if ISA_LEVEL == 2
-        out[r] = _mm512_reduce_add_ps(acc) + offs;
-#else
-        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1))) + offs;
-#endif
-    }
-    return 1;
-#else
-    (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
-    return 0;
-#endif
+QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t sl = u[0] & 0x3f3f3f3fu, ml = u[1] & 0x3f3f3f3fu;
+    const uint32_t sh = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t mh = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)mh, (int)ml, (int)sh, (int)sl));
 }
+#endif
+
+#if ISA_LEVEL == 1
+/* Q4_K and Q6_K rows against one Q8_K activation row on AVX2, one row at a time, the sub-block scales in
+   integers as on the AVX-512 path: maddubs of the unsigned stored values and the activations (pairs,
+   16 bits: Q4_K 2 * 15 * 128, Q6_K 2 * 63 * 128), less Q6_K's 32 * (pair sums), then madd by the
+   scales broadcast from a register (pshufb) and one float multiply-add per super-block. */
+static const uint8_t q_k4_bcast[8][32] __attribute__((aligned(32))) = { /* all 16 lanes: int16 j of 8 */
+#define Q_B2(j) 2 * (j), 2 * (j) + 1
+#define Q_B16(j) Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j)
+    {Q_B16(0), Q_B16(0)}, {Q_B16(1), Q_B16(1)}, {Q_B16(2), Q_B16(2)}, {Q_B16(3), Q_B16(3)},
+    {Q_B16(4), Q_B16(4)}, {Q_B16(5), Q_B16(5)}, {Q_B16(6), Q_B16(6)}, {Q_B16(7), Q_B16(7)},
+};
+static const uint8_t q_k6_pair[4][32] __attribute__((aligned(32))) = { /* low lane int16 2i, high lane 2i + 1 */
+    {Q_B16(0), Q_B16(1)}, {Q_B16(2), Q_B16(3)}, {Q_B16(4), Q_B16(5)}, {Q_B16(6), Q_B16(7)},
+#undef Q_B16
+#undef Q_B2
+};
+
+QATTR static inline float FN(q_hsum256)(__m256 v) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+
+QATTR static float FN(q_gemv_q4k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const uint8_t *b = w + 144 * ib;
+        const int8_t *aq = a->q + 256 * ib;
+        int32_t dpair;
+        memcpy(&dpair, b, 4);
+        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(a->ls[64 * ib]));
+        const __m256i sm = FN(q_k4_scales_mins)(b + 4);
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        const __m256i gs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib)),
+                                             _mm256_set1_epi16(1));
+        const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(gs), _mm256_extracti128_si256(gs, 1));
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs)),
+                            _mm_permute_ps(dd, 0x55), accm);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+            const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(v, m4),
+                                                     _mm256_loadu_si256((const __m256i *)(aq + 64 * c)));
+            const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                     _mm256_loadu_si256((const __m256i *)(aq + 64 * c + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c]))));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c + 1]))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), acc);
+    }
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return FN(q_hsum256)(acc) - _mm_cvtss_f32(m);
+}
+
+QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const uint8_t *b = w + 210 * ib;
+        const int8_t *aq = a->q + 256 * ib;
+        const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+            const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            __m256i u[4]; /* elements 128h + 32i .. + 32: groups 8h + 2i (low lane) and 8h + 2i + 1 */
+            u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4));
+            u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4));
+            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4));
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
+            for (int i = 0; i < 4; i++) {
+                const __m256i av = _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i));
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[i], av), _mm256_maddubs_epi16(m32, av));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[i]))));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(a->ls[64 * ib] * FN(q_h2f)(b + 208)), acc);
+    }
+    return FN(q_hsum256)(acc);
+}
+#endif
 
 #if ISA_LEVEL == 2
 /* Q4_K and Q6_K rows against one Q8_K activation row on AVX-512 VNNI, R (1..4) weight rows per pass
@@ -893,16 +902,6 @@ static const int16_t q_k6_scale_idx[2][32] __attribute__((aligned(64))) = {
     {0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},
     {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15},
 };
-
-/* the 8 scales and 8 mins of a Q4_K super-block (12 bytes of 6-bit fields) as 16 int16: scales, then mins */
-QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
-    uint32_t u[3];
-    memcpy(u, s, 12);
-    const uint32_t sl = u[0] & 0x3f3f3f3fu, ml = u[1] & 0x3f3f3f3fu;
-    const uint32_t sh = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
-    const uint32_t mh = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
-    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)mh, (int)ml, (int)sh, (int)sl));
-}
 
 QATTR static inline float FN(q_hsum512)(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -1134,7 +1133,13 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #if ISA_LEVEL == 2
     if (FN(q_gemv_k)(t, wr, R, K, a, out, 0)) return 1;
 #endif
-    if (t == Q_Q4_K || t == Q_Q6_K) return FN(q_dot_direct_k)(t, wr, R, K, a, out);
+#if ISA_LEVEL == 1
+    if (t == Q_Q4_K || t == Q_Q6_K) {
+        for (int r = 0; r < R; r++)
+            out[r] = t == Q_Q4_K ? FN(q_gemv_q4k_row)(wr[r], K / 256, a) : FN(q_gemv_q6k_row)(wr[r], K / 256, a);
+        return 1;
+    }
+#endif
 #if ISA_LEVEL == 2
     if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
     const int64_t bb = q_block_bytes(t);
