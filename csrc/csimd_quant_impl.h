@@ -759,9 +759,10 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
 
 /* ------------------------------------------------------------ fused matrix-vector dot products
    For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
-   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows are then read straight from their blocks,
-   each block unpacked in registers into the very bytes q_wrow_fill would store (so the results are
-   the same). 0: not handled here (the caller decodes). */
+   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows are then read straight from their
+   blocks and unpacked in registers (the same integer products; the float scaling is grouped per block or
+   super-block, so results may differ from the decoded path's in the last bits). 0: not handled here (the
+   caller decodes). */
 #if ISA_LEVEL >= 1
 /* 32 weights of one block as signed bytes (q - bias of the format) */
 QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
