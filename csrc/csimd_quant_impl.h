@@ -593,6 +593,21 @@ QATTR static void FN(q_arow_sums)(q_arow *a, int64_t kp) {
             a->gsum[l / 4 + g] = a->ls[l + 4 * g] * (float)gs[4 * g];
         }
     }
+#elif ISA_LEVEL == 1
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int64_t l = 0; l < kp / 4; l += 8) { /* 32 values: 8 lanes, 2 groups (one per 128-bit lane) */
+        const __m256i s4 = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)(a->q + 4 * l))), ones16);
+        _mm256_storeu_si256((__m256i *)(a->nbias + l), _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s4, 7)));
+        __m256i t = _mm256_add_epi32(s4, _mm256_shuffle_epi32(s4, 0x4E));
+        t = _mm256_add_epi32(t, _mm256_shuffle_epi32(t, 0xB1));
+        int32_t gs[8];
+        _mm256_storeu_si256((__m256i *)gs, t);
+        for (int g = 0; g < 2; g++) {
+            a->isum[l / 4 + g] = (int16_t)gs[4 * g];
+            a->gsum[l / 4 + g] = a->ls[l + 4 * g] * (float)gs[4 * g];
+        }
+    }
 #else
     for (int64_t l = 0; l < kp / 4; l++) {
         const int8_t *x = a->q + 4 * l;
@@ -680,10 +695,71 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
 }
 #endif
 
+#if ISA_LEVEL == 1
+/* the same on AVX2, 8 values a vector (the int8 values taken as the low bytes of the 32-bit results, as
+   AVX-512's truncating vpmovdb and C's int8_t conversion do) */
+QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_t kp, q_arow *a) {
+    const int be = q_block_elems(at);
+    uint8_t tmp[292]; /* one Q8_K block */
+    const __m256 inf = _mm256_set1_ps(INFINITY), sign = _mm256_set1_ps(-0.0f);
+    const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i gather = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    for (int64_t ib = 0; ib < K / be; ib++) {
+        const float *xb = x + ib * be;
+        int8_t *q = a->q + ib * be;
+        float *ls = a->ls + ib * be / 4;
+        __m256 mx = _mm256_setzero_ps();
+        int finite = 0xFF;
+        for (int j = 0; j < be; j += 8) {
+            const __m256 ax = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j));
+            finite &= _mm256_movemask_ps(_mm256_cmp_ps(ax, inf, _CMP_LT_OQ));
+            mx = _mm256_max_ps(ax, mx);
+        }
+        float d = 0.0f, mul = 0.0f;
+        if (finite != 0xFF) {
+            float sc[16], mn[16];
+            q_quantize_block(at, 0, xb, tmp);
+            FN(q_decode)(at, tmp, q, sc, mn);
+            for (int g = 0; g < be / 16; g++) ls[4 * g] = ls[4 * g + 1] = ls[4 * g + 2] = ls[4 * g + 3] = sc[g];
+            continue;
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if (at == Q_Q8_K) {
+            if (amax != 0.0f) {
+                int j = 0;
+                while (fabsf(xb[j]) != amax) j++;
+                const float iscale = -127.0f / xb[j];
+                mul = iscale;
+                d = 1.0f / iscale;
+            }
+        } else {
+            uint8_t h[2];
+            q_put_f16(h, amax / 127.0f);
+            d = q_f16(h);
+            mul = amax != 0.0f ? 127.0f / amax : 0.0f;
+        }
+        const __m256 vm = _mm256_set1_ps(mul);
+        for (int j = 0; j < be; j += 8) {
+            __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(vm, _mm256_loadu_ps(xb + j)));
+            if (at == Q_Q8_K) v = _mm256_min_epi32(v, _mm256_set1_epi32(127));
+            v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), gather);
+            _mm_storel_epi64((__m128i *)(q + j), _mm256_castsi256_si128(v));
+        }
+        for (int l = 0; l < be / 4; l += 8) _mm256_storeu_ps(ls + l, _mm256_set1_ps(d));
+    }
+    memset(a->q + K, 0, (size_t)(kp - K));
+    for (int64_t l = K / 4; l < kp / 4; l++) a->ls[l] = 0.0f;
+    FN(q_arow_sums)(a, kp);
+}
+#endif
+
 /* an F32 row quantized to the activation type `at` as ggml's CPU backend does, then decoded; tmp holds
-   the row's blocks (unused on the AVX-512 path of Q8_0 and Q8_K) */
+   the row's blocks (unused on the AVX-512 and AVX2 paths of Q8_0 and Q8_K) */
 QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t kp, q_arow *a, uint8_t *tmp) {
-#if ISA_LEVEL == 2
+#if ISA_LEVEL >= 1
     if (at == Q_Q8_K || at == Q_Q8_0) {
         FN(q_arow_fill_fast)(at, x, K, kp, a);
         return;
@@ -1209,9 +1285,9 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 QATTR static int FN(q_act_scratch)(int at, const csimd_tensor *b, float **xrow, uint8_t **tmp) {
     const int64_t K = b->ne[0];
     *xrow = b->nb[0] != 4 ? (float *)csimd_alloc((size_t)K * 4 + 64) : NULL;
-    *tmp = ISA_LEVEL == 2 && (at == Q_Q8_K || at == Q_Q8_0) ? NULL
-                                                            : (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320);
-    return (b->nb[0] == 4 || *xrow) && (*tmp || (ISA_LEVEL == 2 && (at == Q_Q8_K || at == Q_Q8_0)));
+    const int fast = ISA_LEVEL >= 1 && (at == Q_Q8_K || at == Q_Q8_0); /* q_arow_fill_fast: no row of blocks */
+    *tmp = fast ? NULL : (uint8_t *)csimd_alloc((size_t)(K / 32) * 37 + 320);
+    return (b->nb[0] == 4 || *xrow) && (*tmp || fast);
 }
 
 QATTR static void FN(q_quant_act_row)(int at, const csimd_tensor *b, int64_t kp, char *acts, int64_t r, float *xrow,
