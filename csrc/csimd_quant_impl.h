@@ -1206,61 +1206,41 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 }
 #endif
 
+#if ISA_LEVEL == 1
+/* acc + one block (32 weights of Q4_0, Q5_0 or Q8_0 at b, activations from k) on AVX2 */
+QATTR static inline __m256 FN(q_block_fma)(int t, const uint8_t *b, const q_arow *a, int64_t k, __m256 acc) {
+    const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+    const __m256i wv = FN(q_block_s8)(t, b);
+    /* |w| * (a with w's sign): unsigned x signed pairs, at most 2 * 128 * 127 (no saturation) */
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+    const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), _mm256_loadu_ps(a->ls + k / 4));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), sc, acc);
+}
+#endif
+
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
 #if ISA_LEVEL == 2
-    if (FN(q_gemv_k)(t, wr, R, K, a, out, 0)) return 1;
-#endif
-#if ISA_LEVEL == 1
+    return FN(q_gemv_k)(t, wr, R, K, a, out, 0);
+#elif ISA_LEVEL == 1
     if (t == Q_Q4_K || t == Q_Q6_K) {
         for (int r = 0; r < R; r++)
             out[r] = t == Q_Q4_K ? FN(q_gemv_q4k_row)(wr[r], K / 256, a) : FN(q_gemv_q6k_row)(wr[r], K / 256, a);
         return 1;
     }
-#endif
-#if ISA_LEVEL == 2
-    if ((t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) || K % 64) return 0;
-    const int64_t bb = q_block_bytes(t);
-    const __m512i bias = _mm512_set1_epi8((char)0x80);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t k = 0; k < K; k += 64) {
-        const __m512i av = _mm512_loadu_si512((const void *)(a->q + k));
-        const __m512i nb = _mm512_loadu_si512((const void *)(a->nbias + k / 4));
-        const __m512 as = _mm512_loadu_ps(a->ls + k / 4);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const uint8_t *b0 = wr[r] + (k / 32) * bb, *b1 = b0 + bb;
-            const __m512i wv = _mm512_xor_si512(
-                _mm512_inserti64x4(_mm512_castsi256_si512(FN(q_block_s8)(t, b0)), FN(q_block_s8)(t, b1), 1), bias);
-            const __m512i s = _mm512_dpbusd_epi32(nb, wv, av);
-            const __m512 ws = _mm512_insertf32x8(_mm512_set1_ps(FN(q_h2f)(b0)), _mm256_set1_ps(FN(q_h2f)(b1)), 1);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, as), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
-    return 1;
-#elif ISA_LEVEL == 1
     if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) return 0;
     const int64_t bb = q_block_bytes(t);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t k = 0; k < K; k += 32) {
-        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
-        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const uint8_t *b = wr[r] + (k / 32) * bb;
-            const __m256i wv = FN(q_block_s8)(t, b);
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), as);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, acc[r]);
-        }
-    }
     for (int r = 0; r < R; r++) {
-        const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+        /* Q8_0: four accumulators, so consecutive blocks do not wait on each other's fma (0.82x -> 0.92x ggml
+           at 1x2048x2048, AVX2 path); Q4_0/Q5_0 measured slower so (0.79x -> 0.71x): one, block after block */
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        int64_t k = 0;
+        if (t == Q_Q8_0)
+            for (; k + 128 <= K; k += 128)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    acc[i] = FN(q_block_fma)(t, wr[r] + (k / 32 + i) * bb, a, k + 32 * i, acc[i]);
+        for (; k < K; k += 32) acc[0] = FN(q_block_fma)(t, wr[r] + (k / 32) * bb, a, k, acc[0]);
+        out[r] = FN(q_hsum256)(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     }
     return 1;
 #else
