@@ -527,8 +527,8 @@ def test_cpy_both_ways(cs, isa, t):
 def test_cpy_refuses_types_without_quantizer(cs):
     ffi, lib = cs
     x = np.zeros((1, 256), dtype=np.float32)
-    q = np.zeros((1, 110), dtype=np.uint8)
-    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q3_K, (256, 1, 1, 1)), 1, 1) == -1
+    q = np.zeros((1, 66), dtype=np.uint8)  # IQ2_XXS: ggml's quantizer needs an importance matrix
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.IQ2_XXS, (256, 1, 1, 1)), 1, 1) == -1
     assert not q.any()
 
 
@@ -580,6 +580,51 @@ def test_add_dequantizes_adds_requantizes(cs, isa, t):
     f = np.full((R, K), np.nan, dtype=np.float32)
     assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, b), _fdesc(ffi, f), 1, 1) == 0
     np.testing.assert_array_equal(f, s)
+
+
+NONFINITE = -3  # csrc/csimd_quant_api.h: Q_NONFINITE
+
+
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf))
+def test_quantizing_kernels_refuse_non_finite_floats_writing_nothing(cs, t, bad):
+    """CPY, SET_ROWS and ADD into a block type return Q_NONFINITE for a NaN or inf among the floats to
+    quantize (ADD: a sum made non-finite by a's scale too), with the destination as it was; on 2 threads,
+    the bad value in the last row (a thread's second half) and in the first."""
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 19)
+    K, R = 512, 64
+    be, bb = _block(t)
+    for row in (R - 1, 0):
+        x = rng.standard_normal((R, K)).astype(np.float32)
+        x[row, K - 3] = bad
+        q = random_blocks(t, R * K // be, rng)
+        before = q.copy()
+        assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        xt = np.ascontiguousarray(x.T)  # a strided source
+        src = _desc(ffi, xt, (K, R, 1, 1), (4 * R, 4, 4 * K * R, 4 * K * R), 0)
+        assert lib.csimd_q_cpy(src, _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        idx = np.arange(R, dtype=np.int64)[::-1].copy()
+        assert lib.csimd_q_set_rows(_fdesc(ffi, x), _fdesc(ffi, idx, 4), _qdesc(ffi, q, t, (K, R, 1, 1)), 1,
+                                    2) == NONFINITE
+        a = random_blocks(t, R * K // be, rng)
+        assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)),
+                               1, 2) == NONFINITE
+        np.testing.assert_array_equal(q, before)
+        x[row, K - 3] = 0  # finite again: all four write
+        for rc in (lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2),
+                   lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)),
+                                   1, 2)):
+            assert rc == 0
+        assert not np.array_equal(q, before)
+    if t == GT.Q8_0:  # finite floats, but a block of a scaled by fp16 +inf: its sums are inf and NaN
+        a = random_blocks(t, R * K // be, rng).reshape(R, -1, bb)
+        a[R // 2, 3, :2] = (0x00, 0x7C)
+        q = random_blocks(t, R * K // be, rng)
+        before = q.copy()
+        assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, np.ones((R, K), np.float32)),
+                               _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        np.testing.assert_array_equal(q, before)
 
 
 @pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_0, GT.Q5_1), ids=lambda t: t.name)
