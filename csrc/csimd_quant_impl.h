@@ -525,10 +525,10 @@ QATTR __attribute__((optimize("fp-contract=off"))) static void FN(q_dequant)(int
             const uint8_t *b = src + 18 * ib;
             const float d = FN(q_h2f)(b);
             float *y = dst + 32 * ib;
-            for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)((b[2 + j] & 15) - 8);
-                y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
-            }
+            uint8_t qs[16]; /* a local copy: stores through y may not alias it, so the loops vectorise */
+            memcpy(qs, b + 2, 16);
+            for (int j = 0; j < 16; j++) y[j] = d * (float)((qs[j] & 15) - 8);
+            for (int j = 0; j < 16; j++) y[j + 16] = d * (float)((qs[j] >> 4) - 8);
         }
         return;
     }
