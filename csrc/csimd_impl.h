@@ -232,11 +232,9 @@ ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     case U_ELU: return x > 0 ? x : expm1f(x);
     case U_RELU: return x > 0 ? x : 0.0f;
     case U_SIGMOID: return FN(sigm)(x);
-    case U_GELU: {
-        double xd = x; /* the tanh form, computed exactly (no table) */
-        return 0.5 * xd * (1.0 + tanh(0.79788456080286535588 * xd * (1.0 + 0.044715 * xd * xd)));
-    }
-    case U_GELU_QUICK: return x * FN(sigm)(1.702f * x);
+    case U_GELU: /* ggml's F16 table (csimd_set_gelu_tables) */
+        return x <= -CSIMD_GELU_CLAMP ? 0.0 : x >= CSIMD_GELU_CLAMP ? (double)x : csimd_gelu_f16[f32_to_f16_sw(x)];
+    case U_GELU_QUICK: return csimd_gelu_quick_f16[f32_to_f16_sw(x)];
     case U_SILU: return x / (1.0f + expf(-x));
     case U_HARDSWISH: return x * fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f));
     case U_HARDSIGMOID: return fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f)); /* NaN -> 0, as ggml */
@@ -1266,6 +1264,8 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
                 const double xc = limit < x ? limit : (double)x; /* std::min(x, limit): NaN stays NaN */
                 const double gc = g < -limit ? -limit : g > limit ? limit : g;
                 r = xc / (1.0 + exp(-alpha * xc)) * (gc + 1.0);
+            } else if (act == U_GELU && x <= -CSIMD_GELU_CLAMP) {
+                r = 0.0; /* GEGLU below the table: ggml gives 0 whatever g is */
             } else {
                 r = FN(uop)(act, x, 0.0, 0.0) * g;
             }
