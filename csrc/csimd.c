@@ -528,8 +528,13 @@ int csimd_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_t
                 const float *wr = (const float *)ELT(w, 0, m, x, 0), *br = (const float *)ELT(b, 0, e % nb1, t, 0);
                 for (int64_t k = 0; k < K; k++) s += (double)wr[k] * br[k];
             } else {
-                for (int64_t k = 0; k < K; k++)
-                    s += (double)load_f32(ELT(w, k, m, x, 0), w->type) * load_f32(ELT(b, k, e % nb1, t, 0), b->type);
+                /* an F16/BF16 weight takes b rounded to its type (ggml's CPU: its vec_dot_type) */
+                const int wt = w->type, round_b = (wt == CSIMD_F16 || wt == CSIMD_BF16) && b->type == CSIMD_F32;
+                for (int64_t k = 0; k < K; k++) {
+                    float bv = load_f32(ELT(b, k, e % nb1, t, 0), b->type);
+                    if (round_b) bv = wt == CSIMD_F16 ? f16_to_f32_sw(f32_to_f16_sw(bv)) : bf16_to_f32(f32_to_bf16(bv));
+                    s += (double)load_f32(ELT(w, k, m, x, 0), wt) * bv;
+                }
             }
             const float v = (float)s;
             memcpy(ELT(d, m, e, t, 0), &v, 4);

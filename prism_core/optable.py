@@ -891,7 +891,9 @@ spec("MUL_MAT", "F32 [a.ne1, b.ne1, b.ne2, b.ne3]; a.ne0 = b.ne0 (the summed dim
      "out[m, n, i2, i3] = sum_k a[k, m, i2 / (b.ne2 / a.ne2), i3 / (b.ne3 / a.ne3)] * b[k, n, i2, i3]: a's "
      "matrices broadcast blockwise (integer division), not by modulo. Block-type a: its dequantized values "
      "(the reference is exact; ggml's CPU quantizes b to the weight type's dot-product partner, Q8_0/Q8_1/Q8_K, "
-     "which the NMSE bound allows). F16/BF16 sources: products of the exact values, summed in at least float32.")
+     "which the NMSE bound allows). An F16/BF16 a with an F32 b: b's values are first rounded to a's type (ggml's "
+     "CPU converts b to the weight's dot-product type, F16 or BF16 itself: a KV cache in F16 times F32 queries "
+     "multiplies F16-rounded queries); then products of the exact values, summed in at least float32.")
 define("OUT_PROD", Op.OUT_PROD, QAB, _out_prod_rule,
        "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
 spec("OUT_PROD", "F32 [a.ne0, b.ne0, b.ne2, b.ne3]; a.ne1 = b.ne1 (the summed dim t); a's dims 2, 3 divide "

@@ -15,7 +15,7 @@ import numpy as np
 from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
 from prism_core.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
-from prism_core.semantics import alibi_slopes
+from prism_core.semantics import alibi_slopes, mul_mat_b_rounding
 from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
@@ -332,9 +332,16 @@ def val_rows(t: Tensor, lo: int, hi: int) -> np.ndarray:
 MUL_MAT_CHUNK = 1 << 22  # elements of a converted to float64 at a time (32 MiB)
 
 
+def mul_mat_b(n: Tensor) -> np.ndarray:
+    """MUL_MAT/MUL_MAT_ID's b as the products see it: rounded to an F16/BF16 a's type (ggml's CPU)."""
+    b = val(n.src[1])
+    t = mul_mat_b_rounding(n.src[0].type, n.src[1].type)
+    return b if t is None else to_f32(from_f32(b, t), t).astype(np.float64)
+
+
 @kernel("MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
-    a, b = n.src[0], val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
+    a, b = n.src[0], mul_mat_b(n)  # a (A3, A2, M, K), b (B3, B2, N, K)
     out = np.empty((*b.shape[:3], a.ne[1]))
     rows = max(1, MUL_MAT_CHUNK // max(1, a.ne[0] * a.ne[2] * a.ne[3]))
     for lo in range(0, a.ne[1], rows):
