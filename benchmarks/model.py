@@ -4,12 +4,13 @@ llama-cpp-python==0.3.36``; the peer column is skipped, with a line saying so, w
 
 Per engine, in a fresh interpreter with a 2048-token context: prompt processing of 128 and 512 tokens
 (tokens/s, only the last position's logits), decode tokens/s after a 6-token and after a 512-token prompt
-(greedy, one token per step), and the process's peak resident memory at the end. Each figure is the best
-of a few runs after one warm-up run (which plans the graph or JIT-compiles). The slow engines (the NumPy
-reference, numba) get a time budget and report what they finished. Then the time to first token of a cold
-``prism run gemma3-270m -p ... -n 1`` (a subprocess: interpreter start, imports, load, prompt, one token),
-beside llama.cpp's cold load-and-first-token. Issue 17's targets: csimd at least 0.5x llama.cpp on
-decode and prompt processing, cold first token under 2 s, peak RSS under 1.5x the file size.
+(greedy, one token per step), and the process's peak resident memory after filling the whole context.
+Each figure is the best of a few runs after one warm-up run (which plans the graph or JIT-compiles).
+The slow engines (the NumPy reference, numba) get a time budget and report what they finished.
+Then the time to first token of a cold ``prism run gemma3-270m -p ... -n 1`` (a subprocess: interpreter
+start, imports, load, prompt, one token), beside llama.cpp's cold load-and-first-token. Issue 17's targets:
+csimd at least 0.5x llama.cpp on decode and prompt processing, cold first token under 2 s, peak RSS
+under 1.5x the file size.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ import numpy as np
 engine, path, n_ctx, threads, repeats, n_decode, budget = sys.argv[1:8]
 n_ctx, threads, repeats, n_decode, budget = int(n_ctx), int(threads), int(repeats), int(n_decode), float(budget)
 start = time.perf_counter()
-ids = [2] + np.random.default_rng(0).integers(1000, 20000, 600).tolist()
+ids = [2] + np.random.default_rng(0).integers(1000, 20000, n_ctx).tolist()
 def emit(**kv):
     print(json.dumps(kv), flush=True)
 if engine == "llama.cpp":
     from llama_cpp import Llama
+    emit(runtime_rss=int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024)
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                 seed=0, verbose=False)
     def clear():
@@ -47,8 +49,13 @@ if engine == "llama.cpp":
         llm.eval(toks)
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 else:
+    import prism_core as pc
     import prism_core.models as M
-    model = M.load(path, backend=engine, n_ctx=n_ctx)
+    be = pc.backend(engine)
+    a = pc.Context().from_numpy(np.ones((4, 4), np.float32))
+    pc.compute(pc.mul_mat(a, a), be)  # one tiny product wakes the backend's runtime (numba: LLVM, its JIT)
+    emit(runtime_rss=int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024)
+    model = M.load(path, backend=be, n_ctx=n_ctx)
     clear = model.cache.clear
     feed = lambda toks: model.eval(toks)[-1]
 emit(load_s=time.perf_counter() - start)
@@ -76,6 +83,10 @@ for name, fn, n in (("decode after 6", decode, 6), ("prompt 128", prompt, 128), 
         emit(skipped=name)
         continue
     emit(name=name, tok_s=fn(n))
+# the peak with the context full: every cache cell written, then a few decode steps over all of them
+clear(); z = feed(ids[:n_ctx - 4])
+for _ in range(3):
+    z = feed([int(np.argmax(z))])
 emit(peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
@@ -178,9 +189,12 @@ def run(bench) -> None:
         note = f"; not finished in its budget: {', '.join(r['skipped'])}" if r["skipped"] else ""
         err = f"; failed: {r['error']}" if "error" in r else ""
         rss = r.get("peak_rss")
-        print(f"  [{engine}] load {r.get('load_s', float('nan')):.2f} s; peak RSS "
+        base_rss = r.get("runtime_rss")
+        runtime = (f" (of which {base_rss / 1e6:.0f} MB were resident before the model was opened: the "
+                   "interpreter, NumPy, Prism and the backend's runtime)") if rss and base_rss else ""
+        print(f"  [{engine}] load {r.get('load_s', float('nan')):.2f} s; peak RSS with the context full "
               + (f"{rss / 1e6:.0f} MB = {rss / size:.2f}x the {size / 1e6:.0f} MB file" if rss else "n/a")
-              + note + err, flush=True)
+              + runtime + note + err, flush=True)
         if rss:
             bench.record("model peak RSS / file size", engine, rss / size)
     base = "llama.cpp" if "llama.cpp" in results else (engines[0] if engines else None)

@@ -88,8 +88,15 @@ static inline float q_e8m0_half(uint8_t e) {
     return f;
 }
 
-/* ggml's nearest_int: round half to even (valid for |x| < 2^22, the range the callers produce) */
-static inline int q_nearest_int(float x) { return (int)nearbyintf(x); }
+/* ggml's nearest_int: x + 1.5*2^23 leaves round-half-even(x) in the low mantissa bits. Within
+   |x| < 2^22 that is the rounded value; outside (a scale search's quotient of two tiny sums, say) ggml
+   only asserts in debug builds and takes those bits as they are, and so does this */
+static inline int q_nearest_int(float x) {
+    const float v = x + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007FFFFF) - 0x00400000;
+}
 
 /* roundf as C: half away from zero */
 static inline int q_round_away(float x) { return (int)roundf(x); }
@@ -542,6 +549,8 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const floa
         }
 }
 
+#include "csimd_quantize_k3iq4.h" /* Q3_K, IQ4_NL, IQ4_XS */
+
 /* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
    Returns 0, or -1 for a type without a quantizer here. */
 static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
@@ -560,12 +569,16 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     case Q_Q2_K: q_quant_q2_k(x, y); return 0;
     case Q_Q4_K: q_quant_q4q5_k(x, y, 0); return 0;
     case Q_Q5_K: q_quant_q4q5_k(x, y, 1); return 0;
+    case Q_Q3_K: q_quant_q3_k(x, y); return 0;
+    case Q_IQ4_NL: q_quant_iq4_nl(x, y); return 0;
+    case Q_IQ4_XS: q_quant_iq4_xs(x, y); return 0;
     default: return -1;
     }
 }
 
 static inline int q_has_quantizer(int t) {
     return t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q4_1 || t == Q_Q5_1 || t == Q_Q8_0 || t == Q_Q8_1 || t == Q_Q8_K ||
-           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q2_K || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K;
+           t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q2_K || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K ||
+           t == Q_Q3_K || t == Q_IQ4_NL || t == Q_IQ4_XS;
 }
 #endif

@@ -168,6 +168,39 @@ int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd
     return failed ? -2 : 0;
 }
 
+/* Quantizing refuses non-finite floats, as the reference does (ggml's quantizers turn them into
+   position-dependent garbage): the kernels below that quantize check every value first and return
+   Q_NONFINITE, having written nothing; the Python wrapper names the value. */
+#define Q_NONFINITE (-3)
+
+static inline int q_nonfinite_bits(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (u & 0x7f800000u) == 0x7f800000u; /* all exponent bits set: inf or NaN */
+}
+
+/* whether every element of the F32/F16/BF16 tensor a is finite */
+static int q_all_finite(const csimd_tensor *a, int nth) {
+    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    int bad = 0;
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nr > 1) reduction(| : bad)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(a, ir, &i1, &i2, &i3);
+        const char *r = ELT(a, 0, i1, i2, i3);
+        int b = 0;
+        if (a->type == CSIMD_F32 && a->nb[0] == 4) {
+            const float *f = (const float *)r;
+            for (int64_t e = 0; e < n0; e++) b |= q_nonfinite_bits(f[e]);
+        } else {
+            for (int64_t e = 0; e < n0; e++) b |= q_nonfinite_bits(load_f32(r + e * a->nb[0], a->type));
+        }
+        bad |= b;
+    }
+    return !bad;
+}
+
 /* element L (row-major over ne) of t */
 static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
     const int64_t i0 = L % t->ne[0], i1 = (L / t->ne[0]) % t->ne[1], i2 = (L / (t->ne[0] * t->ne[1])) % t->ne[2];
@@ -176,8 +209,9 @@ static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
 }
 
 /* CPY/DUP/CONT with a quantized side, elements in row-major order as ggml: quantized -> F32/F16/BF16
-   dequantizes, F32/F16/BF16 -> quantized quantizes each destination row (mode: as csimd_q_quantize),
-   the same quantized type copies the blocks (in row-major order, rows of any whole-block length) */
+   dequantizes, F32/F16/BF16 -> quantized quantizes each destination row (mode: as csimd_q_quantize;
+   Q_NONFINITE, nothing written, when a is not all finite), the same quantized type copies the blocks (in
+   row-major order, rows of any whole-block length) */
 int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_type_of(a), qd = q_type_of(d);
     if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d) || (qa < 0 && qd < 0) || mode < 0 || mode > 1) return -1;
@@ -189,6 +223,7 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
     const int64_t n0 = rows->ne[0], nr = nrows_of(rows);
     int failed = 0;
     nth = clamp_threads(nth);
+    if (qd >= 0 && qa < 0 && !q_all_finite(a, nth)) return Q_NONFINITE;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
     {
@@ -236,7 +271,8 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
 }
 
 /* SET_ROWS into a quantized d: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] quantized (mode: as
-   csimd_q_quantize); the other rows are left as they are. Indices are checked first. */
+   csimd_q_quantize); the other rows are left as they are. Indices are checked first, then that b is all
+   finite (Q_NONFINITE otherwise, nothing written). */
 int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth) {
     const int qd = q_type_of(d);
     if (qd < 0 || !q_view_ok(d, qd) || !q_has_quantizer(qd) || mode < 0 || mode > 1 || !nonneg(b) || !nonneg(c) ||
@@ -254,7 +290,7 @@ int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_t
     const int be = q_block_elems(qd), bb = q_block_bytes(qd);
     int failed = 0;
     nth = clamp_threads(nth);
-    (void)nth;
+    if (!q_all_finite(b, nth)) return Q_NONFINITE;
 #pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
     {
         float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
@@ -311,7 +347,8 @@ int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_t
 }
 
 /* ADD with a quantized a, as ggml: each row of a dequantized, b (F32/F16/BF16, modulo broadcast) added in
-   float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize) or as F32 */
+   float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize; Q_NONFINITE when a
+   sum is not finite, nothing written) or as F32 */
 int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_type_of(a), qd = q_type_of(d);
     if (qa < 0 || !q_view_ok(a, qa) || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b) ||
@@ -320,10 +357,14 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
     if (qd >= 0 ? (qd != qa || !q_view_ok(d, qd) || !q_has_quantizer(qd)) : d->type != CSIMD_F32) return -1;
     const int64_t n0 = a->ne[0], nr = nrows_of(a);
     const int be = q_block_elems(qa), bb = q_block_bytes(qa);
-    int failed = 0;
+    /* a quantized d gets its rows through a scratch copy, written out once every sum is known finite */
+    const int64_t rb = n0 / be * bb;
+    uint8_t *scratch = qd >= 0 ? (uint8_t *)csimd_alloc((size_t)(rb * nr) + 64) : NULL;
+    if (qd >= 0 && !scratch) return -2;
+    int failed = 0, nonfinite = 0;
     nth = clamp_threads(nth);
     (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed, nonfinite)
     {
         float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
         if (!tmp) failed = 1;
@@ -337,12 +378,25 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
             for (int64_t e = 0; e < n0; e++) tmp[e] += load_f32(br + (e % b->ne[0]) * b->nb[0], b->type);
             char *dr = ELT(d, 0, i1, i2, i3);
             if (qd >= 0) {
-                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, (uint8_t *)dr + ib * bb);
+                int bad = 0;
+                for (int64_t e = 0; e < n0; e++) bad |= q_nonfinite_bits(tmp[e]);
+                nonfinite |= bad;
+                if (bad) continue;
+                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, scratch + ir * rb + ib * bb);
             } else {
                 for (int64_t e = 0; e < n0; e++) memcpy(dr + e * d->nb[0], &tmp[e], 4);
             }
         }
         free(tmp);
     }
-    return failed ? -2 : 0;
+    if (qd >= 0 && !failed && !nonfinite) {
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nr > 1)
+        for (int64_t ir = 0; ir < nr; ir++) {
+            int64_t i1, i2, i3;
+            unravel_row(d, ir, &i1, &i2, &i3);
+            memcpy(ELT(d, 0, i1, i2, i3), scratch + ir * rb, (size_t)rb);
+        }
+    }
+    free(scratch);
+    return failed ? -2 : nonfinite ? Q_NONFINITE : 0;
 }

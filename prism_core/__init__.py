@@ -39,7 +39,7 @@ from .graph import Graph, build_forward
 from .hookspecs import INTERFACE_VERSION, hookimpl
 from .ops import GluOp, Op, SortOrder, UnaryOp
 from .optable import OPS, OpDef, opdef
-from .plan import Plan, plan
+from .plan import Plan, Workspace, plan
 from .registry import (
     REGISTRY,
     BackendInfo,

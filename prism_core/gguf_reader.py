@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -49,12 +50,13 @@ _SCALARS = {t: struct.Struct(code) for t, code in STRUCT_CODES.items()}
 
 
 class LazyStrings:
-    """A string array in the file, decoded on first use: ``count`` strings from ``start``."""
+    """A string array in the file, decoded on first use: ``count`` strings from ``start``, each a u64
+    length (also in ``lengths``) and its bytes."""
 
-    __slots__ = ("buf", "start", "count")
+    __slots__ = ("buf", "start", "count", "lengths")
 
-    def __init__(self, buf: memoryview, start: int, count: int) -> None:
-        self.buf, self.start, self.count = buf, start, count
+    def __init__(self, buf: memoryview, start: int, count: int, lengths: array) -> None:
+        self.buf, self.start, self.count, self.lengths = buf, start, count, lengths
 
     def decode(self, limit: int | None = None) -> list[str]:
         buf, pos, out = self.buf, self.start, []
@@ -166,6 +168,8 @@ def _read_value(c: _Cursor, key: str, vtype: V, h: Header) -> Any:
         start = c.pos
         buf, pos, end = c.buf, c.pos, c.end
         unpack = _U64.unpack_from
+        lengths = array("q")
+        keep = lengths.append
         for i in range(count):  # the hot loop of a vocabulary: kept to one unpack and two compares
             if pos + 8 > end:
                 raise c.fail(f"string {i} of array {key!r} is cut off by the end of the file", pos)
@@ -173,9 +177,10 @@ def _read_value(c: _Cursor, key: str, vtype: V, h: Header) -> Any:
             if n > MAX_STRING_BYTES or pos + 8 + n > end:
                 raise c.fail(f"string {i} of array {key!r} has length {n}, past the end of the file "
                              f"({end - pos - 8} bytes left)", pos)
+            keep(n)
             pos += 8 + n
         c.pos = pos
-        return LazyStrings(buf, start, count)
+        return LazyStrings(buf, start, count, lengths)
     dt = DTYPES[etype]
     c.need(count * dt.itemsize, f"array {key!r} of {count} {etype.name}")
     arr = np.frombuffer(c.buf, dtype=dt, count=count, offset=c.pos).copy()
@@ -303,6 +308,9 @@ class Metadata(Mapping[str, Any]):
             v = self._values[key] = v.decode()
         return v
 
+    def __contains__(self, key: object) -> bool:  # without decoding (Mapping's would read the value)
+        return key in self._values
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
 
@@ -313,6 +321,12 @@ class Metadata(Mapping[str, Any]):
         """An array's item count (1 for a scalar), without decoding it."""
         v = self._values[key]
         return v.count if isinstance(v, LazyStrings) else len(v) if self.types[key] == V.ARRAY else 1
+
+    def undecoded_strings(self, key: str) -> LazyStrings | None:
+        """A string array not decoded yet (its place in the file), else None: a reader that keeps the
+        texts in its own form (a tokenizer's table) then never holds a ``list[str]`` of them."""
+        v = self._values.get(key)
+        return v if isinstance(v, LazyStrings) else None
 
     def head(self, key: str, n: int) -> list[Any]:
         """An array's first ``n`` items, decoding only those."""

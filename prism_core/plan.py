@@ -18,10 +18,16 @@ it). A plan describes the graph as it was when planned; plan again after changin
 Backends may prepare each node's call once (:meth:`Backend.prepare`); a plan restores
 the storage its calls were prepared with before computing, so several plans over shared
 tensors stay correct.
+
+Plans that never compute at the same time (a model's prefill and decode graphs) can share one
+:class:`Workspace`: their arenas are the front of one buffer sized to the largest, instead of one
+buffer each.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,7 +36,7 @@ import numpy as np
 
 from .backend import Backend
 from .context import Context
-from .errors import Unsupported
+from .errors import InvalidArgument, Unsupported
 from .graph import Graph
 from .registry import REGISTRY
 from .schedule import (
@@ -115,6 +121,39 @@ def _greedy_by_size(blocks: list[list[int]]) -> tuple[list[int], int]:
     return offs, top
 
 
+class Workspace:
+    """Scratch memory that several plans take turns using. Each plan's arena is the front of one
+    buffer grown to the largest arena; when it grows, every plan on it moves to the new buffer
+    (and its backend prepares its calls again), so the old one is freed. Plans sharing a
+    workspace compute one at a time: they hold its lock while computing."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(1, dtype=np.uint8)
+        self.lock = threading.RLock()
+        self._plans: list[weakref.ref[Plan]] = []
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.nbytes
+
+    def _attach(self, p: Plan) -> None:
+        with self.lock:
+            self._plans = [r for r in self._plans if r() is not None]
+            if p.arena_bytes > self.buffer.size:
+                self.buffer = np.zeros(p.arena_bytes, dtype=np.uint8)
+                for r in self._plans:
+                    r()._bind_arena(self.buffer, prepare=True)
+            self._plans.append(weakref.ref(p))
+            p._bind_arena(self.buffer, prepare=False)
+
+    def _detach(self, p: Plan) -> None:
+        with self.lock:
+            self._plans = [r for r in self._plans if r() is not None and r() is not p]
+
+    def __repr__(self) -> str:
+        return f"Workspace({self.nbytes} bytes, {len([r for r in self._plans if r() is not None])} plans)"
+
+
 @dataclass
 class Plan:
     graph: Graph
@@ -130,6 +169,9 @@ class Plan:
     calls: list[Callable[[], None]] = field(default_factory=list)  # one per step, prepared
     bindings: list[tuple[Tensor, np.ndarray]] = field(default_factory=list)  # storage each tensor must have
     contexts: list[Context] = field(default_factory=list)  # whose compute locks a compute holds
+    workspace: Workspace | None = None  # where the arena lives when shared with other plans
+    offsets: list[tuple[Tensor, int]] = field(default_factory=list)  # each arena tensor's place in it
+    owners: list[Backend] = field(default_factory=list)  # the backend computing each step
 
     @property
     def peak_bytes(self) -> int:
@@ -148,6 +190,13 @@ class Plan:
         return self
 
     def _run(self) -> None:
+        if self.workspace is not None:
+            with self.workspace.lock:
+                self._run_calls()
+        else:
+            self._run_calls()
+
+    def _run_calls(self) -> None:
         for t, storage in self.bindings:  # another plan over the same tensors may have moved them
             if t._storage is not storage:
                 t._storage = storage
@@ -161,7 +210,17 @@ class Plan:
             if n.view_src is None and n.opdef is not None:
                 n._storage = None
                 n.ctx._raw.pop(id(n), None)
-        self.arena, self.calls, self.bindings = None, [], []
+        if self.workspace is not None:
+            self.workspace._detach(self)
+        self.arena, self.calls, self.bindings, self.offsets = None, [], [], []
+
+    def _bind_arena(self, buffer: np.ndarray, *, prepare: bool) -> None:
+        self.arena = buffer[:max(self.arena_bytes, 1)]
+        for n, off in self.offsets:
+            n._storage = self.arena[off: off + n.nbytes]
+        if prepare:
+            self.bindings, self.calls = [], []
+            _prepare_calls(self, self.owners)
 
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
@@ -192,21 +251,25 @@ def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
 
 
 def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False,
-         reuse: bool = True, keep_grads: bool = True) -> Plan:
+         reuse: bool = True, keep_grads: bool = True, workspace: Workspace | None = None) -> Plan:
     """Resolve kernels and assign memory for ``graph`` on ``backend`` (see module doc).
 
     ``keep_grads=False`` lets gradients that are not accumulators share memory once read
-    (a training step whose optimizer nodes consume them needs no copy of them afterwards)."""
+    (a training step whose optimizer nodes consume them needs no copy of them afterwards).
+    ``workspace``: put the arena in this :class:`Workspace`, shared with the other plans on it."""
     graph = as_graph(graph, "plan")
     be = resolve_backend(backend, "plan")
     strict, reuse, keep_grads = (flag_arg("plan", k, v) for k, v in
                                  (("strict", strict), ("reuse", reuse), ("keep_grads", keep_grads)))
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise InvalidArgument(f"plan: workspace must be a prism_core.Workspace, got {type(workspace).__name__}")
     refuse_read_only_writes(graph)
     with holding(contexts_of(graph)):  # planning rebinds the intermediates' storage
-        return _plan(graph, be, strict, reuse, keep_grads)
+        return _plan(graph, be, strict, reuse, keep_grads, workspace)
 
 
-def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool) -> Plan:
+def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool,
+          workspace: Workspace | None = None) -> Plan:
     steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:
@@ -224,13 +287,13 @@ def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool
         steps.append((_bound_kernel(reference, node), node))
         owners.append(reference)
         fallbacks.append(Fallback(node, why_not(be, node)))
-    p = Plan(graph, be, steps, fallbacks, contexts=contexts_of(graph))
-    _assign_memory(p, reuse, keep_grads)
+    p = Plan(graph, be, steps, fallbacks, contexts=contexts_of(graph), owners=owners)
+    _assign_memory(p, reuse, keep_grads, workspace)
     _prepare_calls(p, owners)
     return p
 
 
-def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
+def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace | None) -> None:
     nodes = p.graph.nodes
     protected = {id(t) for t in (list(p.graph.grads.values()) if keep_grads else []) + list(p.graph.grad_accs.values())}
     last_read: dict[int, int] = {}  # id(storage owner) -> index of the last node reading it
@@ -282,6 +345,9 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool) -> None:
             p.arena_bytes = top
             offset = {k: offs[b] for k, b in block_of.items()}
     p.live_bound_bytes = p.protected_bytes + most_live
-    p.arena = np.zeros(max(p.arena_bytes, 1), dtype=np.uint8)
-    for n in shared:
-        n._storage = p.arena[offset[id(n)]: offset[id(n)] + n.nbytes]
+    p.offsets = [(n, offset[id(n)]) for n in shared]
+    if workspace is None:
+        p._bind_arena(np.zeros(max(p.arena_bytes, 1), dtype=np.uint8), prepare=False)
+    else:
+        p.workspace = workspace
+        workspace._attach(p)

@@ -816,6 +816,28 @@ def test_empty_results_compute_nothing_on_every_backend(ctx, backend):
     assert rows[4].numpy().tolist() == [[0.0] * 3] * 2
 
 
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available and b.name in ("csimd", "numba")])
+def test_reductions_over_empty_rows_run_on_the_native_backends(ctx, backend):
+    """csimd and numba compute these themselves (no node left to the reference): ggml's loops over no
+    element leave sum 0, argmax 0 and REPEAT_BACK's zeros, written again on every compute of a plan."""
+    z = empty(0, 3)(ctx)
+    rows = [pc.sum_rows(z), pc.argmax(z), pc.sum(z), pc.repeat_back(empty(0, 2)(ctx), empty(3, 2)(ctx))]
+    g = pc.Graph()
+    for t in rows:
+        g.expand(t)
+    be = pc.backend(backend)
+    assert all(be.supports(t) for t in rows), [be.refusal(t) for t in rows]
+    p = pc.plan(g, be, strict=True)
+    for _ in range(2):
+        for t in rows:
+            t.host()[...] = 7
+        p.compute()
+        assert rows[0].numpy().tolist() == [[0.0], [0.0], [0.0]]
+        assert rows[1].numpy().tolist() == [0, 0, 0]
+        assert rows[2].numpy().tolist() == [0.0] and not np.signbit(rows[2].numpy()).any()
+        assert rows[3].numpy().tolist() == [[0.0] * 3] * 2
+
+
 @pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available and b.name != "numba"])
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_flash_attention_with_no_keys_gives_zeros(ctx, backend, with_sinks):

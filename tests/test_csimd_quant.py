@@ -341,9 +341,74 @@ def test_mul_mat_priority_formats(cs, isa, t, nth):
     rng = np.random.default_rng(int(t) * 3 + nth)
     _mul_mat_case(cs, t, 512, 13, 7, (1, 1), (1, 1), nth, False, rng)  # odd M and N
     _mul_mat_case(cs, t, 256, 9, 1, (1, 1), (1, 1), nth, False, rng)  # matrix-vector (weights read from blocks)
+    for m in (6, 7, 19):  # the fused kernels' passes of 4 weight rows, a remainder of 2 or 3, rows prefetched ahead
+        _mul_mat_case(cs, t, 320 if _block(t)[0] == 32 else 512, m, 1, (1, 1), (1, 1), nth, False, rng)
     if _block(t)[0] == 32:
         _mul_mat_case(cs, t, 96, 5, 1, (1, 1), (1, 1), nth, False, rng)  # K not a multiple of 64
     _mul_mat_case(cs, t, 256, 5, 70, (2, 1), (4, 3), nth, True, rng)  # broadcast over dims 2/3, > one tile, permuted
+
+
+def _identity_blocks(t: GT, k: int) -> np.ndarray:
+    """k rows of k weights of type t (Q8_0 or Q6_K): row j is 1 at j and 0 elsewhere (d = 1, scales 1)."""
+    be, size = _block(t)
+    b = np.zeros((k, k // be, size), dtype=np.uint8)
+    one = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    if t == GT.Q8_0:
+        b[:, :, 0:2] = one
+        for j in range(k):
+            b[j, j // 32, 2 + j % 32] = 1
+        return b.reshape(k, -1)
+    b[:, :, 208:210] = one  # Q6_K: d = 1, the 16 scales 1, stored values q + 32 (low 4 bits in ql, high 2 in qh)
+    b[:, :, 192:208] = 1
+    b[:, :, 0:128] = 0x00
+    b[:, :, 128:192] = 0xAA  # q + 32 = 32 everywhere: high bits 2 in each 2-bit field
+    for j in range(k):
+        e, blk = j % 256, b[j, j // 256]
+        h, r = divmod(e, 128)
+        quarter, lane = divmod(r, 32)  # elements l, l + 32, l + 64, l + 96 of a half: ql[l] low, ql[l+32] low, high...
+        byte = 64 * h + lane + (32 if quarter % 2 else 0)
+        blk[byte] |= 1 << (4 if quarter >= 2 else 0)  # q + 32 = 33
+    return b.reshape(k, -1)
+
+
+def _activation_rows(rng: np.random.Generator, k: int) -> list[np.ndarray]:
+    """F32 rows with the quantizers' corners: ties, equal magnitudes of both signs, zero and tiny blocks, a
+    NaN and an infinity in one block (their rows alone)."""
+    x = _rows(rng, k)
+    x[256:288] = 0.0
+    x[256], x[257], x[258], x[259], x[260] = -127.0, 2.5, -3.5, 0.5, -1.5  # Q8_K scale 1 and Q8_0 127/127: exact ties
+    x[300], x[310] = -9.0, 9.0  # the first of equal magnitudes sets Q8_K's sign
+    x[520], x[530] = 9.0, -9.0
+    x[600:632] = 1e-41  # subnormal
+    nan, inf = x.copy(), x.copy()
+    nan[700] = np.nan
+    inf[800] = -np.inf
+    return [x, -x, nan, inf]
+
+
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q6_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("n", (1, 4))
+def test_mul_mat_sees_activations_as_quantized(cs, isa, t, n):
+    """With identity weights, mul_mat returns the activations as quantized (to Q8_0 / Q8_K), exactly: the
+    vectorised quantizers of the product paths against NumPy's versions of ggml's CPU ones (and C's scalar
+    quantizer where a block holds a NaN or an infinity)."""
+    k = 1024
+    at = VEC_DOT[t]
+    w = _identity_blocks(t, k)
+    np.testing.assert_array_equal(dequant(w, t).reshape(k, k), np.eye(k, dtype=np.float32))
+    rows = _activation_rows(np.random.default_rng(int(t) + n), k)
+    for i in range(0, len(rows), n):
+        b = np.stack(rows[i:i + n]).reshape(1, 1, n, k)
+        got = c_mul_mat(cs, t, w, (k, k, 1, 1), b, 1).reshape(n, k)
+        for r, x in zip(got, rows[i:i + n]):
+            if np.isfinite(x).all():
+                q = _np_q8_0_cpu(x, False) if at == GT.Q8_0 else _np_q8_k(x)
+            else:
+                q = c_quant(cs, x, at, mode=0)
+            with np.errstate(invalid="ignore"):  # the infinity's block: inf * 0
+                bq = dequant(q, at)
+                want = bq if np.isfinite(bq).all() else (np.eye(k) @ bq.astype(np.float64)).astype(np.float32)
+            np.testing.assert_array_equal(r, want)
 
 
 @pytest.mark.parametrize("t", [t for t in FORMATS if t not in PRIORITY], ids=lambda t: t.name)
@@ -462,8 +527,8 @@ def test_cpy_both_ways(cs, isa, t):
 def test_cpy_refuses_types_without_quantizer(cs):
     ffi, lib = cs
     x = np.zeros((1, 256), dtype=np.float32)
-    q = np.zeros((1, 110), dtype=np.uint8)
-    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.Q3_K, (256, 1, 1, 1)), 1, 1) == -1
+    q = np.zeros((1, 66), dtype=np.uint8)  # IQ2_XXS: ggml's quantizer needs an importance matrix
+    assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, GT.IQ2_XXS, (256, 1, 1, 1)), 1, 1) == -1
     assert not q.any()
 
 
@@ -515,6 +580,51 @@ def test_add_dequantizes_adds_requantizes(cs, isa, t):
     f = np.full((R, K), np.nan, dtype=np.float32)
     assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, b), _fdesc(ffi, f), 1, 1) == 0
     np.testing.assert_array_equal(f, s)
+
+
+NONFINITE = -3  # csrc/csimd_quant_api.h: Q_NONFINITE
+
+
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("bad", (np.nan, np.inf, -np.inf))
+def test_quantizing_kernels_refuse_non_finite_floats_writing_nothing(cs, t, bad):
+    """CPY, SET_ROWS and ADD into a block type return Q_NONFINITE for a NaN or inf among the floats to
+    quantize (ADD: a sum made non-finite by a's scale too), with the destination as it was; on 2 threads,
+    the bad value in the last row (a thread's second half) and in the first."""
+    ffi, lib = cs
+    rng = np.random.default_rng(int(t) + 19)
+    K, R = 512, 64
+    be, bb = _block(t)
+    for row in (R - 1, 0):
+        x = rng.standard_normal((R, K)).astype(np.float32)
+        x[row, K - 3] = bad
+        q = random_blocks(t, R * K // be, rng)
+        before = q.copy()
+        assert lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        xt = np.ascontiguousarray(x.T)  # a strided source
+        src = _desc(ffi, xt, (K, R, 1, 1), (4 * R, 4, 4 * K * R, 4 * K * R), 0)
+        assert lib.csimd_q_cpy(src, _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        idx = np.arange(R, dtype=np.int64)[::-1].copy()
+        assert lib.csimd_q_set_rows(_fdesc(ffi, x), _fdesc(ffi, idx, 4), _qdesc(ffi, q, t, (K, R, 1, 1)), 1,
+                                    2) == NONFINITE
+        a = random_blocks(t, R * K // be, rng)
+        assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)),
+                               1, 2) == NONFINITE
+        np.testing.assert_array_equal(q, before)
+        x[row, K - 3] = 0  # finite again: all four write
+        for rc in (lib.csimd_q_cpy(_fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2),
+                   lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, x), _qdesc(ffi, q, t, (K, R, 1, 1)),
+                                   1, 2)):
+            assert rc == 0
+        assert not np.array_equal(q, before)
+    if t == GT.Q8_0:  # finite floats, but a block of a scaled by fp16 +inf: its sums are inf and NaN
+        a = random_blocks(t, R * K // be, rng).reshape(R, -1, bb)
+        a[R // 2, 3, :2] = (0x00, 0x7C)
+        q = random_blocks(t, R * K // be, rng)
+        before = q.copy()
+        assert lib.csimd_q_add(_qdesc(ffi, a, t, (K, R, 1, 1)), _fdesc(ffi, np.ones((R, K), np.float32)),
+                               _qdesc(ffi, q, t, (K, R, 1, 1)), 1, 2) == NONFINITE
+        np.testing.assert_array_equal(q, before)
 
 
 @pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_0, GT.Q5_1), ids=lambda t: t.name)

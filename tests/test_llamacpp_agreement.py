@@ -60,7 +60,7 @@ class Bound:
 # csimd.
 # Gemma 3 270M (logits up to ~40, 18 layers of Q4_K/Q5_0/Q6_K/Q8_0 weights), over the recorded top 64 of
 # every position of the four prompts (137 positions) and the two full rows: csimd max 2.17, mean 0.29
-# (full rows 2.19); numpy 2.39, mean 0.25 (1.83); numba 2.40, mean 0.25 (1.82); the worst argmax swap at a
+# (full rows 2.19); numpy 2.39, mean 0.25 (1.83); numba 2.40, mean 0.24 (1.33); the worst argmax swap at a
 # llama.cpp top-2 gap of 0.47. These are the noise floor of quantized activations, not a fixable error:
 # per op csimd is llama.cpp to ~1e-7, but a 1e-7 difference flips a Q8 rounding somewhere, and over 18
 # layers the flips compound. llama.cpp against itself moves as much (one token at a time instead of one

@@ -246,3 +246,24 @@ def test_bad_models_and_calls_are_refused_and_the_model_stays_usable():
         Model(to_tensors(w), meta, n_ctx=1024)
     np.testing.assert_allclose(model.logits(IDS[:5]), reference_logits("llama", meta, w, IDS[:5]), rtol=1e-4,
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "csimd"])
+def test_sliding_window_layers_keep_a_ring_that_wraps_and_match_the_forward(backend, monkeypatch):
+    """With KV_PAD 4, window 3 and batches of 4, window layers keep pad(3 + 4) = 8 cells (llama.cpp's
+    iSWA sizing) while the global layer keeps all 64; 30 tokens wrap the ring three times, in batches
+    of 4 and in one-token steps, and every position's logits still match the float64 forward."""
+    if backend not in {b.name for b in pc.backends() if b.available}:
+        pytest.skip(f"{backend} is not available here")
+    from prism_core.models import kv_cache
+    monkeypatch.setattr(kv_cache, "KV_PAD", 4)
+    meta, w = tiny("gemma3", seed=6, n_layer=6)
+    ids = [int(i) for i in np.random.default_rng(6).integers(0, 50, 30)]
+    want = reference_logits("gemma3", meta, w, ids)
+    model = Model(to_tensors(w), meta, backend=backend, n_ctx=64, n_batch=4, cache_type="f32")
+    assert [k.ne[1] for k in model.cache.k] == [8] * 5 + [64]
+    first = model.logits(ids[:18])
+    rest = [model.eval([t])[-1] for t in ids[18:]]
+    got = np.concatenate([first, np.stack(rest)])
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+    assert model.workspace.nbytes == max(g.plan.arena_bytes for g in model._graphs.values())

@@ -13,6 +13,7 @@ from gguf import quants as gq
 from test_csimd_quant import FORMATS, hand_dequant, random_blocks
 
 import prism_core as pc
+from prism_core.quant import quantize_activations
 from prism_core.types import TRAITS, GGMLType
 
 DECODED = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q8_1, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K,
@@ -65,20 +66,37 @@ def test_decoder_is_gguf_bit_for_bit(nb, t):
     assert np.array_equal(out.reshape(-1).view(np.uint32), want.view(np.uint32))
 
 
+def activation_values(bv: np.ndarray, t: GT) -> np.ndarray:
+    """The float64 values of activation rows bv as ggml's CPU backend quantizes them for a dot
+    product with weights of type t (prism_core.quant.quantize_activations, decoded by gguf.quants
+    or by hand): the integer path's second operand."""
+    vt = TRAITS[GGMLType(int(t))].vec_dot_type
+    blocks = quantize_activations(bv, vt)
+    return _gguf_values(blocks, GT(int(vt))).reshape(bv.shape).astype(np.float64)
+
+
+def int_path(node: pc.Tensor) -> bool:
+    from prism_numba.kernels_quant import int_path
+    return int_path(node)
+
+
 @pytest.mark.parametrize("t", WEIGHTS, ids=lambda t: t.name)
 def test_mul_mat_against_float64(nb, mode, t):
+    """Against float64 on the decoded weights and, on the integer path (few activation rows), on
+    the activations as quantized for it (ggml's rounding): float32 sums of exact integer dots."""
     rng = np.random.default_rng(100 + int(t))
     k = max(256, TRAITS[GGMLType(int(t))].blck_size) * 2
-    for m, n in ((13, 1), (13, 3), (17, 5)):  # odd row counts: the 8-row groups have a tail
+    for m, n in ((13, 1), (13, 3), (17, 5), (13, 32)):  # odd row counts: the row groups have a tail
         ctx = pc.Context()
         a, av = _qtensor(ctx, t, k, m, rng, zero_rows=(0, m - 1))
         bv = rng.standard_normal((n, k)).astype(np.float32)
         out = pc.mul_mat(a, ctx.from_numpy(bv))
         pc.compute(pc.Graph().expand(out), nb, strict=True)
         got = out.numpy().reshape(n, m)
-        want = bv.astype(np.float64) @ av.T
+        xv = activation_values(bv, t) if int_path(out) else bv.astype(np.float64)
+        want = xv @ av.T
         assert np.all(got[:, 0] == 0) and np.all(got[:, m - 1] == 0)
-        scale = np.abs(bv).astype(np.float64) @ np.abs(av).T + 1e-30
+        scale = np.abs(xv) @ np.abs(av).T + 1e-30
         assert np.max(np.abs(got - want) / scale) < 1e-5, (m, n)
 
 

@@ -206,3 +206,40 @@ def test_a_plan_restores_the_memory_another_plan_moved():
     np.testing.assert_array_equal(second.numpy(), 2 * np.arange(4) ** 3)
     p1.compute()
     np.testing.assert_array_equal(first.numpy(), np.arange(4) ** 2 + np.arange(4))
+
+
+def _chain(ctx, n, seed):
+    """exp(x) * sin(x) + cos(x) over n elements: three intermediates in the arena."""
+    x = ctx.from_numpy(np.random.default_rng(seed).uniform(-1, 1, n).astype(np.float32)).set_input()
+    out = pc.add(pc.mul(pc.exp(x), pc.sin(x)), pc.cos(x)).set_output()
+    v = x.numpy().astype(np.float64)
+    return out, np.exp(v) * np.sin(v) + np.cos(v)
+
+
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available])
+def test_plans_on_one_workspace_share_its_buffer_and_survive_its_growth(backend):
+    ctx = pc.Context()
+    ws = pc.Workspace()
+    small, want_small = _chain(ctx, 100, 0)
+    p_small = pc.plan(small, backend, workspace=ws)
+    p_small.compute()
+    assert ws.nbytes == p_small.arena_bytes and np.shares_memory(p_small.arena, ws.buffer)
+    big, want_big = _chain(ctx, 5000, 1)
+    p_big = pc.plan(big, backend, workspace=ws)  # grows the buffer: the small plan moves into the new one
+    assert ws.nbytes == p_big.arena_bytes > p_small.arena_bytes
+    assert np.shares_memory(p_small.arena, ws.buffer) and np.shares_memory(p_big.arena, ws.buffer)
+    for _ in range(2):  # alternately, each over the other's scratch
+        p_small.compute()
+        np.testing.assert_allclose(small.numpy(), want_small, rtol=1e-5, atol=1e-6)
+        p_big.compute()
+        np.testing.assert_allclose(big.numpy(), want_big, rtol=1e-5, atol=1e-6)
+    p_big.release()
+    p_small.compute()  # a released plan leaves the others working
+    np.testing.assert_allclose(small.numpy(), want_small, rtol=1e-5, atol=1e-6)
+    assert "1 plans" in repr(ws)
+
+
+def test_plan_refuses_a_workspace_that_is_not_one():
+    out, _ = _chain(pc.Context(), 10, 0)
+    with pytest.raises(pc.InvalidArgument, match="workspace must be a prism_core.Workspace"):
+        pc.plan(out, "numpy", workspace=bytearray(10))

@@ -48,6 +48,30 @@ def test_quantize_matches_ggml_reference_bytes(t):
     assert not _differences(got, want), _differences(got, want)
 
 
+@pytest.mark.parametrize("t", QUANTIZING)
+def test_quantize_matches_ggml_on_huge_rows(t):
+    """Rows with values from 1e5 to float32's maximum (tests/data/README.md: x_huge): group scales and
+    weighted sums overflow to inf and NaN there, and ggml's comparisons decide where each NaN goes
+    (its absmax scans skip one, its nearest-entry search gives one the last index)."""
+    x, want = GOLDEN["x_huge"], GOLDEN[f"qh_{t}"]
+    got = quant.quantize(x, t)
+    assert got.shape == want.shape
+    if t == "iq4_nl":  # as _ignore_iq4_nl_zero_block_indices, for these rows
+        zero = np.abs(x.reshape(len(x), -1, 32)).max(axis=2) < 1e-15
+        got.reshape(len(x), -1, 18)[zero] = want.reshape(len(x), -1, 18)[zero]
+    bad = np.nonzero((got != want).any(axis=-1))[0]
+    assert not len(bad), [f"row {i} ({GOLDEN['names_huge'][i]})" for i in bad[:5]]
+
+
+def test_huge_rows_cover_overflow():
+    """Every huge row is finite (quantize refuses anything else) and holds at least one value of 1e5 or
+    more; one value of 1e13 (IQ4_XS's NaN index), one of 1e19 (the NaN group scales of Q3_K, Q6_K and
+    IQ4_XS) and values up to float32's maximum are among them."""
+    x = GOLDEN["x_huge"]
+    assert np.isfinite(x).all() and np.abs(x).max() > 3e38 and (np.abs(x).max(axis=1) >= 1e5).all()
+    assert {"one_1e+13", "one_1e+19", "near_fmax"} <= set(GOLDEN["names_huge"])
+
+
 @pytest.mark.parametrize("t", GOLDEN_DEQUANT)
 def test_dequantize_matches_ggml_dequantize_row(t):
     want = GOLDEN[f"dq_{t}"]

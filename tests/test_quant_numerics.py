@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from prism_core.quant.iquants import KVALUES_IQ4NL
-from prism_core.quant.numerics import Int8Table, nearest_int, nearest_small, select, seq_sum
+from prism_core.quant.numerics import Int8Table, nearest_int, nearest_small, select, seq_sum, signed_absmax
 
 F32 = np.float32
 
@@ -48,3 +48,27 @@ def test_best_index_int8_ties_go_up_and_ends_clamp():
     idx, val = table.best_index(x)
     assert idx.tolist() == [8, 7, 0, 0, 15, 15, 8, 15, 14]
     assert val.tolist() == [float(KVALUES_IQ4NL[i]) for i in idx]
+
+
+def test_best_index_int8_sends_nan_to_the_last_entry():
+    """ggml's best_index_int8 on a NaN: `x <= val[0]` and `x >= val[n-1]` are false, the bisection's
+    `x < val[mav]` is false every time (ml climbs to n-2, mu stays n-1), and the final
+    `x - val[mu-1] < val[mu] - x` is false: index n-1. (A NaN comes from 0·inf or inf/inf in the scale
+    searches of huge inputs.)"""
+    idx, val = Int8Table(KVALUES_IQ4NL).best_index(np.array([np.nan, -np.nan, 0.0], F32))
+    assert idx.tolist() == [15, 15, 8] and val.tolist() == [113.0, 113.0, 1.0]
+    idx, val = Int8Table(np.array([-3, 0, 5], np.int8)).best_index(np.array([np.nan], F32))
+    assert idx.tolist() == [2] and val.tolist() == [5.0]
+
+
+def test_signed_absmax_scans_past_nan_as_ggml():
+    """ggml's `amax = 0, max = 0; if (fabsf(x) > amax) {amax = fabsf(x); max = x;}` never takes a NaN (the
+    comparison is false), keeps the first of equal magnitudes, and leaves (0, 0) when nothing is larger."""
+    cols = np.array([[1.0, np.nan, np.nan, 2.0, np.nan],
+                     [np.nan, -4.0, np.nan, -2.0, 0.0],
+                     [-3.0, 4.0, np.nan, np.inf, np.nan],
+                     [2.0, np.nan, np.nan, 1.0, 0.0]], F32)
+    amax, vmax = signed_absmax(cols)
+    assert amax.tolist() == [3.0, 4.0, 0.0, np.inf, 0.0]
+    assert vmax.tolist() == [-3.0, -4.0, 0.0, np.inf, 0.0]
+    assert not np.signbit(vmax[2])

@@ -229,7 +229,7 @@ class CsimdBackend(prism_core.Backend):
         if key in ("ROPE", "ROPE_BACK") and not rope_supported(node):
             return "parameters for which the reference raises (see kernels_rope.rope_supported)"
         for t in tensors:
-            if t.nelements <= 0:
+            if t.nelements <= 0 and (t is node or key not in _k.EMPTY_SOURCE_ZEROS):
                 return f"an empty tensor ({t.label})"
             if t.traits.is_quantized:
                 why = dense_rows_refusal(t)

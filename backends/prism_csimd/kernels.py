@@ -162,6 +162,21 @@ def _lib():
     return rec if rec is not None else _state["lib"]
 
 
+# reductions whose source may be empty: ggml's loops then leave a sum at +0, an argmax at index 0 and
+# REPEAT_BACK's accumulator at 0, all-zero bytes in every result type; written here, not in C
+EMPTY_SOURCE_ZEROS = frozenset({"SUM", "SUM_ROWS", "ARGMAX", "REPEAT_BACK"})
+
+
+def _empty_source_zeros(n: Tensor) -> bool:
+    """True when n's source is empty: n then holds zeros (written at compute time; while the node is
+    prepared nothing is recorded, so the plan calls the wrapper on every compute)."""
+    if n.src[0].nelements:
+        return False
+    if getattr(_recording, "rec", None) is None:
+        n.host()[...] = 0
+    return True
+
+
 def _nth(work: int) -> int:
     n = int(_state.get("threads", 1))
     return 1 if work < int(_state.get("serial_work", 1 << 15)) else n
@@ -320,6 +335,8 @@ def _repeat(n: Tensor) -> None:
 
 @kernel((FLOATS, PLAIN_TYPES), FLOATS, "REPEAT_BACK")
 def _repeat_back(n: Tensor) -> None:
+    if _empty_source_zeros(n):
+        return
     keep: list = []
     _check(_lib().csimd_repeat_back(desc(n.src[0], keep), desc(n, keep)), "REPEAT_BACK")
 
@@ -330,6 +347,8 @@ REDUCE_CODES = {"SUM": 0, "SUM_ROWS": 1, "MEAN": 2}
 @kernel((FLOATS,), FLOATS, "SUM", "SUM_ROWS")
 @kernel((FLOATS,), ONLY_F32, "MEAN")
 def _reduce(n: Tensor) -> None:
+    if n.opdef.key in EMPTY_SOURCE_ZEROS and _empty_source_zeros(n):
+        return
     keep: list = []
     a = n.src[0]
     _check(_lib().csimd_reduce(REDUCE_CODES[n.opdef.key], desc(a, keep), desc(n, keep), _nth(a.nelements)),
@@ -452,6 +471,8 @@ def _arange(n: Tensor) -> None:
 
 @kernel((ONLY_F32,), INDICES, "ARGMAX")
 def _argmax(n: Tensor) -> None:
+    if _empty_source_zeros(n):
+        return
     keep: list = []
     _check(_lib().csimd_argmax(desc(n.src[0], keep), desc(n, keep)), "ARGMAX")
 

@@ -10,16 +10,23 @@ for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QB
   from the reference's exact dequantized product by that rounding (within the op's nmse bound).
 * GET_ROWS, CPY/DUP/CONT to F32: dequantized exactly as gguf.quants (bit for bit).
 * CPY/SET_ROWS into a block type, ADD with a quantized a: ggml's reference quantizer (as the
-  reference backend stores block types), so the bytes equal the reference's; types without a C
-  quantizer (Q3_K, IQ4_NL, IQ4_XS) are refused with the reason.
+  reference backend stores block types), so the bytes equal the reference's; every type the op
+  table writes has one in C (a type added to the table without one is refused with the reason).
+  A NaN or inf among the floats to quantize is refused as the reference refuses it, with the
+  destination untouched: the C kernel checks them all before writing (``Q_NONFINITE``).
 * OUT_PROD with a quantized a: a dequantized once, then the F32 kernel.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
+from prism_core.quant import quantize
 from prism_core.types import F32, GGMLType, traits
 
 from . import kernels as _k
@@ -28,13 +35,27 @@ from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc
 G = GGMLType
 QBASE = 64  # csrc/csimd.h: CSIMD_QBASE
 REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: its CPU from_float)
+NONFINITE = -3  # csrc/csimd_quant_api.h: Q_NONFINITE, a value to quantize was NaN or inf (nothing written)
 
-# block types csrc/csimd_quant.h can write (ggml's reference quantizers, the searching ones of Q2_K, Q4_K,
-# Q5_K and Q6_K included): the op table's others (Q3_K, IQ4_NL, IQ4_XS) are refused here, the reference
-# computes them
-C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0,
-                          G.Q2_K, G.Q4_K, G.Q5_K, G.Q6_K})
+# block types csrc/csimd_quant.h can write (ggml's reference quantizers, the searching ones of Q2_K..Q6_K,
+# IQ4_NL and IQ4_XS included: csrc/csimd_quantize_k3iq4.h): any other type the op table writes is refused
+# here and the reference computes it
+C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q8_K, G.MXFP4, G.TQ1_0, G.TQ2_0,
+                          G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_NL, G.IQ4_XS})
 C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
+
+def _check_quantized(rc: int, n: Tensor, what: str, rows: Callable[[], np.ndarray]) -> None:
+    """_check, and for Q_NONFINITE the reference's error naming the value: prism_core.quant checks the
+    float rows C refused (only on this error path are they gathered in NumPy) before quantizing them."""
+    if rc == NONFINITE:
+        quantize(rows(), n.type)
+        raise InvalidArgument(f"{what}: a value to quantize to {n.traits.name} is NaN or inf")  # C saw one, NumPy not
+    _check(rc, what)
+
+
+def _numpy_rows(t: Tensor) -> np.ndarray:
+    return np.asarray(t.numpy(), np.float32).reshape(tuple(reversed(t.ne)))
+
 
 def is_block(t: Tensor) -> bool:
     return t.traits.is_quantized
@@ -99,7 +120,8 @@ def _cpy(n: Tensor) -> None:
     if not (is_block(a) or is_block(n)):
         return _k._cpy(n)
     keep: list = []
-    _check(_lib().csimd_q_cpy(desc(a, keep), desc(n, keep), REFERENCE, _nth(n.nelements)), n.opdef.key)
+    rc = _lib().csimd_q_cpy(desc(a, keep), desc(n, keep), REFERENCE, _nth(n.nelements))
+    _check_quantized(rc, n, n.opdef.key, lambda: _numpy_rows(a).reshape(tuple(reversed(n.ne))))
 
 
 @kernel((frozenset({F32, _k.F16}), frozenset({_k.I32, _k.I64}), FLOATS | C_WRITABLE), FLOATS | C_WRITABLE,
@@ -114,8 +136,8 @@ def _set_rows(n: Tensor) -> None:
     idx = c.host()
     if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
         raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
-    _check(_lib().csimd_q_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), REFERENCE, _nth(b.nelements)),
-           "SET_ROWS")
+    rc = _lib().csimd_q_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), REFERENCE, _nth(b.nelements))
+    _check_quantized(rc, n, "SET_ROWS", lambda: _numpy_rows(b))
 
 
 @kernel((FLOATS | QUANT_WEIGHTS, FLOATS), ONLY_F32, "OUT_PROD")
@@ -134,4 +156,5 @@ def _add(n: Tensor) -> None:
     if not is_block(a):
         return _k._binary(n)
     keep: list = []
-    _check(_lib().csimd_q_add(desc(a, keep), desc(b, keep), desc(n, keep), REFERENCE, _nth(8 * n.nelements)), "ADD")
+    rc = _lib().csimd_q_add(desc(a, keep), desc(b, keep), desc(n, keep), REFERENCE, _nth(8 * n.nelements))
+    _check_quantized(rc, n, "ADD", lambda: _numpy_rows(a) + _numpy_rows(b))

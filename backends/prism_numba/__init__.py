@@ -32,7 +32,7 @@ from prism_core.settings import env_int, requested_threads
 # kernels_ext registers the RoPE, attention and convolution wrappers; kernels_quant then the block-type
 # cases (re-registering MUL_MAT, GET_ROWS, CPY, ... with block types added to the float wrappers)
 from . import kernels_ext, kernels_quant  # noqa: F401
-from .kernels import KERNELS, TABLE, BoundCall, record, run_wrapper
+from .kernels import EMPTY_SOURCE_ZEROS, KERNELS, TABLE, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
 __all__ = ["NumbaBackend", "warm_up"]
@@ -111,7 +111,7 @@ class NumbaBackend(prism_core.Backend):
             return refused
         tensors = [node, *(s for s in node.src if s is not None)]
         for t in tensors:
-            if t.nelements <= 0:
+            if t.nelements <= 0 and (t is node or node.opdef.key not in EMPTY_SOURCE_ZEROS):
                 return f"an empty tensor ({t.label})"
             refused = kernels_quant.dense_rows_refusal(t)
             if refused:

@@ -853,10 +853,12 @@ KERNELS = {name: Kernel(f, c_layout=name in C_LAYOUT) for name, f in (
 def _register_ext() -> None:
     from ._jit_ext import KERNELS as ext
     from ._jit_fast import KERNELS as fast
+    from ._jit_qdot import KERNELS as qdot
     from ._jit_quant import KERNELS as quant
     KERNELS.update({name: Kernel(f) for name, f in ext.items()})
     KERNELS.update({name: Kernel(f, c_layout=True) for name, f in fast.items()})
     KERNELS.update({name: Kernel(f, c_layout=True) for name, f in quant.items()})
+    KERNELS.update({name: Kernel(f) for name, f in qdot.items()})  # one compilation (layout A) serves all
 
 
 _register_ext()

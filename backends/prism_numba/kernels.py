@@ -84,6 +84,21 @@ def _run(name: str, *args, stream: bool = False) -> None:
     k(*args)
 
 
+# reductions whose source may be empty: ggml's loops then leave a sum at +0, an argmax at index 0 and
+# REPEAT_BACK's accumulator at 0, all-zero bytes in every result type; written here, not compiled
+EMPTY_SOURCE_ZEROS = frozenset({"SUM", "SUM_ROWS", "ARGMAX", "REPEAT_BACK"})
+
+
+def _empty_source_zeros(n: Tensor) -> bool:
+    """True when n's source is empty: n then holds zeros (written at compute time; while calls are
+    recorded nothing is, so a prepared plan runs the wrapper on every compute)."""
+    if n.src[0].nelements:
+        return False
+    if _MODE.calls is None:
+        n.host()[...] = 0
+    return True
+
+
 class BoundCall(NamedTuple):
     """One recorded kernel call."""
     entry: Callable  # the compiled entry point
@@ -258,6 +273,8 @@ def _repeat(n: Tensor) -> None:
 
 @kernel((FLOATS, PLAIN_TYPES), FLOATS, "REPEAT_BACK")
 def _repeat_back(n: Tensor) -> None:
+    if _empty_source_zeros(n):
+        return
     x = n.src[0]
     _run("repeat_back", arr(x), lut(x), arr(n), kind(n))
 
@@ -302,6 +319,8 @@ def _rows2d(t: Tensor) -> np.ndarray | None:
 
 def _rows(n: Tensor) -> None:
     key = n.opdef.key
+    if key in EMPTY_SOURCE_ZEROS and _empty_source_zeros(n):
+        return
     x = n.src[0]
     if key in FAST_ROWS:
         x2, o2 = _rows2d(x), _rows2d(n)
@@ -441,6 +460,8 @@ def _get_rows_back(n: Tensor) -> None:
 # ------------------------------------------------------------------ whole-tensor reductions
 @kernel((FLOATS,), FLOATS, "SUM")
 def _sum(n: Tensor) -> None:
+    if _empty_source_zeros(n):
+        return
     x = n.src[0]
     _run("reduce_all", arr(x), lut(x), arr(x), lut(x), arr(n), kind(n), 0)
 
@@ -453,6 +474,8 @@ def _count_equal(n: Tensor) -> None:
 
 @kernel((ONLY_F32,), INDICES, "ARGMAX")
 def _argmax(n: Tensor) -> None:
+    if _empty_source_zeros(n):
+        return
     _run("argmax", arr(n.src[0]), arr(n))
 
 

@@ -31,6 +31,11 @@ from .kernels import _MODE, COPYABLE, FLOATS, INDICES, ONLY_F32, _jit, _run, arr
 
 #: ggml type ids with a compiled decoder (mirrors _jit_quant.DECODED, which needs numba to import)
 DECODED = frozenset({2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 20, 23, 34, 35, 39})
+#: ggml type ids with the integer matrix-vector path (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; mirrors
+#: _jit_qdot.INT_FORMATS), each with the activation row count per weight matrix from which the
+#: float path is faster (it decodes each block once for all rows; measured on an AVX-512 VNNI
+#: machine, README.md "Block types")
+INT_PATH_ROWS = {2: 32, 8: 32, 14: 32, 6: 24, 12: 24}
 BLOCK_TYPES = QUANTIZED
 
 
@@ -80,7 +85,19 @@ def _mul_mat(n: Tensor) -> None:
     if int(a.type) not in DECODED:
         _run("mul_mat", _values(a), _jit().NO_LUT, f32_operand(b), arr(n))
         return
-    _run("q_mul_mat", int(a.type), a.raw(), f32_operand(b), arr(n))
+    _run("q_mul_mat_int" if int_path(n) else "q_mul_mat", int(a.type), a.raw(), f32_operand(b), arr(n))
+
+
+def int_path(n: Tensor) -> bool:
+    """Whether MUL_MAT node n takes the integer path: a format that has one, fewer activation rows
+    per weight matrix than its INT_PATH_ROWS, and a CPU with AVX-512 VNNI (the portable vector code
+    of other CPUs measured 2-10x slower than the float path)."""
+    a = n.src[0]
+    served = n.ne[1] * (n.ne[2] // a.ne[2]) * (n.ne[3] // a.ne[3])
+    if served >= INT_PATH_ROWS.get(int(a.type), 0):
+        return False
+    from . import _qvec  # numba is imported by now: the kernels are
+    return _qvec.VNNI
 
 
 @kernel((FLOATS | QUANT_WEIGHTS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
@@ -132,8 +149,11 @@ def _cpy(n: Tensor) -> None:
         _run("cpy", src, _jit().NO_LUT, out, 1, 1, int(src.shape == out.shape))
         return
     if not is_block(n):  # blocks -> F32, the op table's only plain destination of blocks (_conversion_rule)
+        out, raw = arr(n), a.raw()
+        if int(a.type) in DECODED and out.shape == (*raw.shape[:3], a.ne[0]):  # row for row: decode in place
+            _run("q_dequant", int(a.type), raw, out)
+            return
         vals = _values(a)
-        out = arr(n)
         _run("cpy", vals, _jit().NO_LUT, out, 1, 1, int(vals.shape == out.shape))
         return
     vals = _values(a) if is_block(a) else a.numpy().astype(np.float32)

@@ -66,16 +66,18 @@ def _block(rng: np.random.Generator) -> pc.Graph:
 
 def _quantized(rng: np.random.Generator) -> pc.Graph:
     """A quantized model's hot nodes: GET_ROWS from Q8_0 embeddings, MUL_MAT of a Q4_K weight (one
-    activation row: decode; five: prompt) and of a Q6_K one. The block format is an argument of the
-    compiled kernels, so these compilations serve every format."""
+    and five activation rows: decode and a short prompt, the integer path; 32: a longer
+    prompt, the float path) and of a Q6_K one. The block format is an argument of the compiled
+    kernels, so these compilations serve every format."""
     ctx = pc.Context()
-    d, vocab = 256, 8
+    d, vocab = 256, 32
     emb = ctx.from_numpy(rng.standard_normal((vocab, d)).astype(np.float32), type=pc.GGMLType.Q8_0)
     w = ctx.from_numpy(rng.standard_normal((16, d)).astype(np.float32), type=pc.GGMLType.Q4_K)
     head = ctx.from_numpy(rng.standard_normal((vocab, d)).astype(np.float32), type=pc.GGMLType.Q6_K)
-    h = pc.get_rows(emb, ctx.from_numpy(np.arange(5, dtype=np.int32)))  # [d, 5]
+    h = pc.get_rows(emb, ctx.from_numpy(np.arange(32, dtype=np.int32)))  # [d, 32]
+    five = pc.view_2d(h, d, 5, h.nb[1], 0)
     one = pc.view_2d(h, d, 1, h.nb[1], 0)
-    return pc.Graph().expand(pc.mul_mat(w, h)).expand(pc.mul_mat(head, one))
+    return pc.Graph().expand(pc.mul_mat(w, h)).expand(pc.mul_mat(w, five)).expand(pc.mul_mat(head, one))
 
 
 def warm_up() -> dict[str, float]:

@@ -28,9 +28,11 @@ class Step:
     pos: Tensor  # I32 [n_tokens]
     cells: Tensor  # I64 [n_tokens]: the cache rows the new keys and values go to
     mask: Tensor  # F16 [n_kv, n_tokens]: 0 where a key is visible, -inf elsewhere
-    mask_swa: Tensor | None  # the same within the sliding window
+    cells_swa: Tensor | None  # on sliding-window layers: their ring's rows
+    mask_swa: Tensor | None  # F16 [n_kv_swa, n_tokens]: the ring's cells each token sees
     out_rows: Tensor  # I32 [n_out]: the positions (of the new tokens) whose logits are wanted
     n_kv: int
+    n_kv_swa: int
     flash_attn: bool = False  # FLASH_ATTN_EXT instead of llama.cpp's default unfused attention
 
 
@@ -97,10 +99,11 @@ def attention(hp: HParams, w: Weights, il: int, h: Tensor, step: Step, cache: KV
     if scale_queries:
         q, kq_scale = B.scale(q, hp.attn_scale), 1.0
 
-    kc = set_rows(cache.k[il], B.reshape(k, (d * nkv, n_tok)), step.cells)
-    vc = set_rows(cache.v[il], v, step.cells)
-    kv = B.view_3d(kc, d, step.n_kv, nkv, kc.nb[1], kc.nb[1] // nkv)
-    vv = B.view_3d(vc, dv, step.n_kv, nkv, vc.nb[1], vc.nb[1] // nkv)
+    cells, n_kv = (step.cells_swa, step.n_kv_swa) if swa else (step.cells, step.n_kv)
+    kc = set_rows(cache.k[il], B.reshape(k, (d * nkv, n_tok)), cells)
+    vc = set_rows(cache.v[il], v, cells)
+    kv = B.view_3d(kc, d, n_kv, nkv, kc.nb[1], kc.nb[1] // nkv)
+    vv = B.view_3d(vc, dv, n_kv, nkv, vc.nb[1], vc.nb[1] // nkv)
     if kv.traits.is_quantized:  # the products below read F32/F16 K and V
         kv = B.cpy(kv, h.ctx.new_tensor(F32, kv.ne))
         vv = B.cpy(vv, h.ctx.new_tensor(F32, vv.ne))

@@ -11,6 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from .. import build as B
 from ..backend import Backend
 from ..errors import BoundExceeded, InvalidArgument
 from ..graph import Graph
-from ..plan import Plan, plan
+from ..plan import Plan, Workspace, plan
 from ..registry import backend as select_backend
 from ..tensor import Tensor
 from ..types import F16, I32, I64, GGMLType
@@ -92,28 +93,31 @@ class Model:
         if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > hp.n_ctx_train:
             raise InvalidArgument(f"n_ctx={n_ctx} exceeds the model's training context {hp.n_ctx_train}")
         self.ctx = embd.ctx
-        self.cache = KVCache(self.ctx, hp, n_ctx, cache_type)
+        self.cache = KVCache(self.ctx, hp, n_ctx, cache_type, n_batch)
         self.n_batch = n_batch
         if not isinstance(flash_attn, bool):
             raise InvalidArgument(f"flash_attn must be a bool, got {flash_attn!r}")
         self.flash_attn = flash_attn  # FLASH_ATTN_EXT; off: llama.cpp's default unfused attention (its rounding)
+        self.workspace = Workspace()  # one compute graph runs at a time: every plan's scratch in one buffer
         self.backend = select_backend(backend) if not isinstance(backend, Backend) else backend
         self._tokenizer = tokenizer
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
-        self.eog_ids = self._end_of_generation_ids()
         self.timings = Timings()
         self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
 
     # ------------------------------------------------------------ graphs
     def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         hp, ctx = self.hparams, self.ctx
+        swa, n_kv_swa = bool(hp.sliding_window), self.cache.n_kv_ring(n_kv)
         with ctx.transaction():
             step = Step(tokens=ctx.new_tensor(I32, (n_tok,)).set_input(), pos=ctx.new_tensor(I32, (n_tok,)).set_input(),
                         cells=ctx.new_tensor(I64, (n_tok,)).set_input(),
                         mask=ctx.new_tensor(F16, (n_kv, n_tok)).set_input(),
-                        mask_swa=ctx.new_tensor(F16, (n_kv, n_tok)).set_input() if hp.sliding_window else None,
-                        out_rows=ctx.new_tensor(I32, (n_out,)).set_input(), n_kv=n_kv, flash_attn=self.flash_attn)
+                        cells_swa=ctx.new_tensor(I64, (n_tok,)).set_input() if swa else None,
+                        mask_swa=ctx.new_tensor(F16, (n_kv_swa, n_tok)).set_input() if swa else None,
+                        out_rows=ctx.new_tensor(I32, (n_out,)).set_input(), n_kv=n_kv, n_kv_swa=n_kv_swa,
+                        flash_attn=self.flash_attn)
             x = B.get_rows(self.weights.get("token_embd.weight"), step.tokens)
             if hp.embed_scale != 1.0:
                 x = B.scale(x, hp.embed_scale)
@@ -125,7 +129,7 @@ class Model:
                 logits = B.scale(B.tanh(B.scale(logits, 1.0 / hp.final_softcap)), hp.final_softcap)
             logits.set_output()
             graph = Graph(capacity=64 * hp.n_layer + 64).expand(logits)
-            return _Graph(plan(graph, self.backend), step, logits)
+            return _Graph(plan(graph, self.backend, workspace=self.workspace), step, logits)
 
     def _graph(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         key = (n_tok, n_kv, n_out)
@@ -167,10 +171,12 @@ class Model:
             past = self.cache.n_past
             g.step.tokens.set(chunk)
             g.step.pos.set(np.arange(past, past + n, dtype=np.int32))
-            g.step.cells.set(np.arange(past, past + n, dtype=np.int64))
-            mask, mask_swa = self.cache.masks(n, n_kv, self.hparams.sliding_window)
+            cells, cells_swa = self.cache.cells(n)
+            g.step.cells.set(cells)
+            mask, mask_swa = self.cache.masks(n, n_kv)
             g.step.mask.set(mask.reshape(g.step.mask.shape))
             if g.step.mask_swa is not None:
+                g.step.cells_swa.set(cells_swa)
                 g.step.mask_swa.set(mask_swa.reshape(g.step.mask_swa.shape))
             g.step.out_rows.set(rows)
             g.plan.compute()
@@ -193,12 +199,15 @@ class Model:
             self._tokenizer = from_metadata(self.meta)
         return self._tokenizer
 
-    def _end_of_generation_ids(self) -> frozenset[int]:
+    @cached_property
+    def eog_ids(self) -> frozenset[int]:
+        """The ids that end generation; found on first use, so scoring never decodes the vocabulary."""
         ids = {int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                            "tokenizer.ggml.eom_token_id") if k in self.meta}
-        tokens = self.meta.get("tokenizer.ggml.tokens")
-        if tokens is not None:
-            ids |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
+        if "tokenizer.ggml.tokens" in self.meta:
+            from ..tokenizer.vocab import token_table  # the tokenizer's own table, read once per file
+            table = token_table(self.meta)
+            ids.update(i for text in EOG_TEXTS for i in table.ids_of(text))
         return frozenset(ids)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:

@@ -98,7 +98,8 @@ def quantize_q8_1(blocks: np.ndarray) -> np.ndarray:
 def _q8_1_block(d: np.ndarray, q: np.ndarray, qsum: np.ndarray | None = None) -> np.ndarray:
     if qsum is None:
         qsum = q.astype(np.int32).sum(axis=1)
-    s = qsum.astype(F32) * d
+    with np.errstate(over="ignore"):  # d near float32's maximum: s is inf, as in ggml (fp16 of it too)
+        s = qsum.astype(F32) * d
     return np.concatenate([fp16_bits(d).view(np.uint8).reshape(-1, 2), fp16_bits(s).view(np.uint8).reshape(-1, 2),
                            q.view(np.uint8)], axis=1)
 

@@ -71,10 +71,20 @@ def fp16_round(x: np.ndarray) -> np.ndarray:
 
 def signed_absmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(max |x|, the signed x it came from) over axis 0; the first one wins a tie, as
-    ggml's ``if (ax > amax)`` scan does."""
+    ggml's ``if (ax > amax)`` scan does. That scan never takes a NaN (a comparison with
+    NaN is false), where np.argmax takes the first NaN as the largest: a column with a
+    NaN (a group scale of huge inputs: inf/inf, 0·inf) is scanned again past its NaNs,
+    and one of NaNs only gives ggml's starting (0, 0)."""
     ax = np.abs(x)
     i = np.argmax(ax, axis=0)[None]
-    return np.take_along_axis(ax, i, 0)[0], np.take_along_axis(x, i, 0)[0]
+    amax, vmax = np.take_along_axis(ax, i, 0)[0], np.take_along_axis(x, i, 0)[0]
+    if np.isnan(amax).any():
+        ax = np.fmax(ax, F32(-1))  # NaN → -1, below every |x|
+        i = np.argmax(ax, axis=0)[None]
+        amax, vmax = np.take_along_axis(ax, i, 0)[0], np.take_along_axis(x, i, 0)[0]
+        none = amax < 0
+        amax, vmax = select(none, F32(0), amax), select(none, F32(0), vmax)
+    return amax, vmax
 
 
 def positive_max(x: np.ndarray, axis: int) -> np.ndarray:
@@ -99,8 +109,10 @@ class Int8Table:
     def best_index(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index, table value) for each x. ggml's binary search leaves ``lo ≤ x < hi``
         for the two entries around x; x at or past an end needs no test of its own, since
-        the end bracket's comparison already picks that end."""
-        fl = np.fmin(np.fmax(np.floor(x), F32(-128)), F32(127))  # fmax/fmin: a NaN (zero blocks) → -128
+        the end bracket's comparison already picks that end. A NaN x (zero blocks, or the
+        scale searches of huge inputs) fails every one of ggml's comparisons and so goes
+        to the last index: fmin before fmax puts it in the top bracket, whose test fails too."""
+        fl = np.fmax(np.fmin(np.floor(x), F32(127)), F32(-128))
         k = fl.astype(np.intp)
         k += 128
         lo, hi = self._lo.take(k), self._hi.take(k)

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import heapq
 import re
+from array import array
+
+import numpy as np
 
 from ..errors import InvalidArgument
 from .vocab import Vocab
@@ -24,9 +27,8 @@ class SpmModel:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self.token_to_id = vocab.token_to_id
-        self.scores = vocab.scores.tolist()
-        # "\0" separates the tokens and never starts a pair: only characters inside a token count
-        glue = set(re.findall(f"([^\0])(?={SPACE})", "\0".join(vocab.tokens)))
+        self.scores = array("d", vocab.scores.astype(np.float64).tobytes())  # a quarter of a list's memory
+        glue = vocab.tokens.chars_before(SPACE)  # characters a token holds right before a space mark
         if glue:
             cls = "".join(re.escape(c) for c in sorted(glue))
             self._cut = re.compile(f"(?<=[^{cls}])(?={SPACE})")

@@ -46,7 +46,7 @@ def _collapse_table() -> np.ndarray:
     return out
 
 
-_COLLAPSE = _collapse_table()
+_COLLAPSE: np.ndarray | None = None  # 4.4 MB, built when a BPE pre-tokenizer first needs it
 
 
 def codepoints(text: str) -> np.ndarray:
@@ -56,8 +56,11 @@ def codepoints(text: str) -> np.ndarray:
 
 def collapse(text: str) -> str:
     """One character per codepoint: ASCII kept, others replaced by their class's stand-in."""
+    global _COLLAPSE
     if text.isascii():
         return text
+    if _COLLAPSE is None:
+        _COLLAPSE = _collapse_table()
     return _COLLAPSE[codepoints(text)].tobytes().decode("utf-32-le")
 
 

@@ -3,7 +3,9 @@ its fix-ups of token attributes (control-looking tokens made control, phi-3's rs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import weakref
+from array import array
+from collections.abc import Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, Unsupported
 from .pretokenize import NOT_PORTED, PRE_TYPES
+from .token_table import TokenTable
 
 # token types stored in tokenizer.ggml.token_type (gguf / llama.cpp's llama_token_type)
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
@@ -61,10 +64,10 @@ class Vocab:
     kind: str                    # spm, bpe, wpm, ugm
     model: str                   # tokenizer.ggml.model
     pre: str                     # the step-list name of pretokenize.PRE_STEPS (bpe), else "default"
-    tokens: list[str]
+    tokens: TokenTable
     scores: np.ndarray
-    attrs: list[int]
-    token_to_id: dict[str, int]
+    attrs: MutableSequence[int]
+    token_to_id: Mapping[str, int]  # tokens.index
     merges: dict[str, int] = field(default_factory=dict)  # "left right" -> rank
     bos: int | None = None
     eos: int | None = None
@@ -105,6 +108,25 @@ def _string_list(meta: Mapping[str, Any], key: str) -> list[str]:
             raise InvalidArgument(f"{key}[{i}]: expected a string, got {type(s).__name__}")
         out.append(s)
     return out
+
+
+_TABLES: dict[int, tuple[weakref.ref, TokenTable]] = {}  # id(Metadata) -> (it, its table): Mappings don't hash
+
+
+def token_table(meta: Mapping[str, Any]) -> TokenTable:
+    """``tokenizer.ggml.tokens`` as a :class:`TokenTable`: read from the file without decoding a
+    ``list[str]`` when ``meta`` is a GGUF file's Metadata (and kept, one per file), else from the list."""
+    key = KEY + "tokens"
+    lazy = meta.undecoded_strings(key) if hasattr(meta, "undecoded_strings") else None
+    if lazy is None:
+        return TokenTable.from_strings(_string_list(meta, key))
+    held = _TABLES.get(id(meta))
+    if held is not None and held[0]() is meta:
+        return held[1]
+    table = TokenTable.from_gguf_strings(lazy.buf, lazy.start, lazy.lengths)
+    key_id = id(meta)
+    _TABLES[key_id] = (weakref.ref(meta, lambda _: _TABLES.pop(key_id, None)), table)
+    return table
 
 
 def _numbers(meta: Mapping[str, Any], key: str, n: int, dtype: type) -> np.ndarray | None:
@@ -166,7 +188,7 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
     kind, (bos, eos, unk, sep, pad) = MODELS[model]
     if KEY + "tokens" not in meta:
         raise InvalidArgument(f"{KEY}tokens is missing")
-    tokens = _string_list(meta, KEY + "tokens")
+    tokens = token_table(meta)
     n = len(tokens)
     if n == 0:
         raise InvalidArgument(f"{KEY}tokens is empty")
@@ -174,7 +196,8 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
     types = _numbers(meta, KEY + "token_type", n, np.int64)
 
     v = Vocab(kind=kind, model=model, pre="default", tokens=tokens,
-              scores=scores if scores is not None else np.zeros(n, np.float32), attrs=[], token_to_id={})
+              scores=scores if scores is not None else np.zeros(n, np.float32), attrs=array("I"),
+              token_to_id=tokens.index)
     pre = _text(meta, KEY + "pre")
     if model == "gemma4":
         pre = "gemma4"
@@ -205,14 +228,21 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
     v.remove_extra_whitespaces = _flag(meta, KEY + "remove_extra_whitespaces", False)
     v.add_space_prefix = _flag(meta, KEY + "add_space_prefix", v.add_space_prefix)
 
-    attrs = []
-    for i, t in enumerate(tokens):
-        if t == "":
-            t = tokens[i] = f"[EMPTY_{i}]"
-        v.token_to_id[t] = i  # a repeated text maps to its last id, as in llama.cpp
-        attrs.append(ATTR_NORMAL if types is None else _TYPE_TO_ATTR.get(int(types[i]), 0))
-    v.attrs = attrs
-    v.max_token_len = max(len(t.encode("utf-8", errors="surrogateescape")) for t in tokens)
+    if empty := tokens.empty_ids():  # llama.cpp names empty tokens so that each text is unique
+        texts = list(tokens)
+        for i in empty:
+            texts[i] = f"[EMPTY_{i}]"
+        v.tokens = tokens = TokenTable.from_strings(texts)
+        v.token_to_id = tokens.index  # a repeated text maps to its last id, as in llama.cpp
+    if types is None:
+        v.attrs = array("I", [ATTR_NORMAL]) * n
+    else:  # one C int per token, not a list of int objects
+        lut = np.zeros(max(_TYPE_TO_ATTR) + 1, np.uint32)
+        for t, a in _TYPE_TO_ATTR.items():
+            lut[t] = a
+        known = (types >= 0) & (types < len(lut))
+        v.attrs = array("I", np.where(known, lut[np.clip(types, 0, len(lut) - 1)], 0).astype(np.uint32).tobytes())
+    v.max_token_len = tokens.max_nbytes
 
     specials = {"bos": bos, "eos": eos, "unk": unk, "sep": sep, "pad": pad, "eot": None}
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
@@ -260,8 +290,9 @@ def _fix_attrs(v: Vocab, meta: Mapping[str, Any]) -> None:
         if (i := first_of(names)) is not None:
             make_control(i)
     fim_eog = [i for names in FIM_NAMES[3:] if (i := first_of(names)) is not None]
-    for t, i in ids.items():
-        if attrs[i] & ATTR_CONTROL and "unused" in t:
+    for i in np.flatnonzero(np.frombuffer(attrs, np.uint32) & ATTR_CONTROL).tolist():
+        t = v.tokens[i]
+        if "unused" in t and ids[t] == i:  # of a repeated text, llama.cpp's map holds the last id
             attrs[i] |= ATTR_UNUSED
     eog = set(fim_eog)
     for name in EOG_NAMES:

@@ -1,0 +1,311 @@
+"""The integer path of the quantized matrix-vector product (this module imports numba).
+
+As ggml's CPU backend does: each activation row is quantized once to the weight's vec_dot type
+(Q8_0 for Q4_0, Q5_0 and Q8_0 weights, with the x86 rounding of prism_core.quant's
+``quantize_activations``; Q8_K for Q4_K and Q6_K, the reference quantizer), then every weight
+block is dotted with it in integer arithmetic (the vector code of :mod:`._qvec`) and scaled once
+per block (per super-block for the K-quants, whose sub-block scales are integers). An activation
+row holding a NaN or an infinity is not quantized: its dot products take the float path
+(``decode_row``), so non-finite values propagate as in the float product. README.md, "Block
+types", says when this path is taken and what it measured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import _qvec as V
+from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
+
+_OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
+
+#: weight formats with an integer path (ggml type ids)
+INT_FORMATS = frozenset({Q4_0, Q5_0, Q8_0, Q4_K, Q6_K})
+
+
+
+@njit(inline="always", **_OPTS)
+def _offset(fmt):
+    """What the vector code subtracts from its unsigned weight bytes (see _qvec)."""
+    if fmt == Q8_0:
+        return 128
+    if fmt == Q4_0:
+        return 8
+    if fmt == Q5_0:
+        return 16
+    return 32 if fmt == Q6_K else 0
+
+
+@njit(inline="always", **_OPTS)
+def _block_bytes(fmt):
+    if fmt == Q8_0:
+        return 34
+    if fmt == Q4_0:
+        return 18
+    if fmt == Q5_0:
+        return 22
+    return 144 if fmt == Q4_K else 210
+
+
+# ------------------------------------------------------------------ activations
+@njit(inline="always", **_OPTS)
+def _nearest_int(v):
+    """ggml's nearest_int: the bits of v + 1.5 * 2**23 (ties to even), defined for every float
+    (an infinite or NaN v gives what ggml's gives; the result is then truncated to int8 as there)."""
+    return (np.int64(V.f32_bits(v + np.float32(12582912.0))) & 0x007FFFFF) - 0x00400000
+
+
+@njit(**_OPTS)
+def quantize_row(fmt, x, xq, xc, xd, xb, xo):
+    """Quantize the float32 row x to the activations of fmt's dot product: int8 values at
+    xq[xo:], per block (32 values, or 256 for the K-quants) the scale at xd[xo // block], per
+    four values -offset(fmt) times their sum at xc[xo // 4], per 32 values their sum at
+    xb[xo // 32]. False (and nothing written) when x holds a NaN or an infinity.
+
+    Q8_0 as ggml-cpu's x86 quantize_row_q8_0: d = amax / 127 rounded to fp16, the values
+    x * (127 / amax) rounded half to even (an infinite multiplier, from subnormal data, gives
+    -128 as the AVX conversion does). Q8_K as quantize_row_q8_K_ref: the signed value of largest
+    magnitude (the first one) m, iscale = -127 / m, min(127, nearest_int(iscale * x)) kept in an
+    int8, d = 1 / iscale."""
+    nk = x.shape[0]
+    for j in range(nk):
+        if not np.isfinite(x[j]):
+            return False
+    if fmt == Q4_K or fmt == Q6_K:
+        for ib in range(nk // 256):
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for j in range(256):
+                v = x[ib * 256 + j]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    mx = v
+            if amax == 0:
+                xd[xo // 256 + ib] = 0.0
+                for j in range(256):
+                    xq[xo + ib * 256 + j] = 0
+                continue
+            iscale = np.float32(-127.0) / mx
+            for j in range(256):
+                xq[xo + ib * 256 + j] = min(127, _nearest_int(iscale * x[ib * 256 + j]))
+            xd[xo // 256 + ib] = np.float32(1.0) / iscale
+    else:
+        for ib in range(nk // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[ib * 32 + j]))
+            xd[xo // 32 + ib] = V.f16_round(amax / np.float32(127.0))
+            mul = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            for j in range(32):
+                v = np.rint(x[ib * 32 + j] * mul)
+                xq[xo + ib * 32 + j] = max(-128, min(127, np.int64(v))) if abs(v) < 2.0 ** 31 else -128
+    off = _offset(fmt)
+    for t in range(nk // 4):
+        p = xo + 4 * t
+        xc[xo // 4 + t] = -off * (np.int32(xq[p]) + np.int32(xq[p + 1]) + np.int32(xq[p + 2]) + np.int32(xq[p + 3]))
+    for t in range(nk // 32):
+        s = np.int32(0)
+        for j in range(32):
+            s += np.int32(xq[xo + 32 * t + j])
+        xb[xo // 32 + t] = s
+    return True
+
+
+# ------------------------------------------------------------------ weight rows
+# (Weight bytes are addressed as byte offsets from a's first element, so that a group of rows
+# is one offset and a stride, whatever a's strides.)
+ROWS = 4  # weight rows per pass over an activation row (each activation load serves all four)
+_CHUNKS = {(f, p, n): V.legacy_chunk(f, p, n) for f in ("Q4_0", "Q5_0", "Q8_0") for p in (4, 1) for n in (1, ROWS)}
+_Q4_0_8, _Q4_0_2, _Q4_0_8R, _Q4_0_2R = (_CHUNKS["Q4_0", p, n] for n in (1, ROWS) for p in (4, 1))
+_Q5_0_8, _Q5_0_2, _Q5_0_8R, _Q5_0_2R = (_CHUNKS["Q5_0", p, n] for n in (1, ROWS) for p in (4, 1))
+_Q8_0_8, _Q8_0_2, _Q8_0_8R, _Q8_0_2R = (_CHUNKS["Q8_0", p, n] for n in (1, ROWS) for p in (4, 1))
+
+
+@njit(**_OPTS)
+def _legacy_tail(fmt, a, o, xq, xd, xo):
+    """One 32-value block (the odd last one of a row), in scalar code: the same integer sum."""
+    s = np.int64(0)
+    qh = np.int64(0)
+    if fmt == Q5_0:
+        for i in range(4):
+            qh |= V.byte_at(a, o + 2 + i) << (8 * i)
+    for j in range(16):
+        if fmt == Q8_0:
+            w0 = _i8(V.byte_at(a, o + 2 + j))
+            w1 = _i8(V.byte_at(a, o + 18 + j))
+        elif fmt == Q4_0:
+            v = V.byte_at(a, o + 2 + j)
+            w0 = (v & 0xF) - 8
+            w1 = (v >> 4) - 8
+        else:
+            v = V.byte_at(a, o + 6 + j)
+            w0 = ((v & 0xF) | (((qh >> j) & 1) << 4)) - 16
+            w1 = ((v >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
+        s += w0 * np.int64(xq[xo + j]) + w1 * np.int64(xq[xo + 16 + j])
+    return V.half_at(a, o) * xd[xo // 32] * np.float32(s)
+
+
+@njit(**_OPTS)
+def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk):
+    """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo."""
+    bs = _block_bytes(fmt)
+    s = np.float32(0.0)
+    if fmt == Q4_K:
+        for ib in range(nk // 256):
+            s += V.q4_k_superblock(a, wo + ib * bs, xq, xb, xo + 256 * ib, xd[xo // 256 + ib])
+        return s
+    if fmt == Q6_K:
+        for ib in range(nk // 256):
+            sumi = V.q6_k_superblock(a, wo + ib * bs, xq, xc, xo + 256 * ib)
+            s += xd[xo // 256 + ib] * V.half_at(a, wo + ib * bs + 208) * np.float32(sumi)
+        return s
+    nb = nk // 32
+    ib = 0
+    while ib + 8 <= nb:
+        o = wo + ib * bs
+        xi = xo + 32 * ib
+        if fmt == Q8_0:
+            s += _Q8_0_8(a, o, 0, xq, xc, xd, xi)
+        elif fmt == Q4_0:
+            s += _Q4_0_8(a, o, 0, xq, xc, xd, xi)
+        else:
+            s += _Q5_0_8(a, o, 0, xq, xc, xd, xi)
+        ib += 8
+    while ib + 2 <= nb:
+        o = wo + ib * bs
+        xi = xo + 32 * ib
+        if fmt == Q8_0:
+            s += _Q8_0_2(a, o, 0, xq, xc, xd, xi)
+        elif fmt == Q4_0:
+            s += _Q4_0_2(a, o, 0, xq, xc, xd, xi)
+        else:
+            s += _Q5_0_2(a, o, 0, xq, xc, xd, xi)
+        ib += 2
+    if ib < nb:
+        s += _legacy_tail(fmt, a, wo + ib * bs, xq, xd, xo + 32 * ib)
+    return s
+
+
+@njit(**_OPTS)
+def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk):
+    """row_dot of the ROWS weight rows at bytes wo + i * ws of a, as a tuple; the 32-value formats
+    share each activation load among the rows."""
+    if fmt == Q4_K or fmt == Q6_K:
+        return (row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk), row_dot(fmt, a, wo + ws, xq, xc, xd, xb, xo, nk),
+                row_dot(fmt, a, wo + 2 * ws, xq, xc, xd, xb, xo, nk),
+                row_dot(fmt, a, wo + 3 * ws, xq, xc, xd, xb, xo, nk))
+    bs = _block_bytes(fmt)
+    s0 = s1 = s2 = s3 = np.float32(0.0)
+    nb = nk // 32
+    ib = 0
+    while ib + 8 <= nb:
+        o = wo + ib * bs
+        xi = xo + 32 * ib
+        if fmt == Q8_0:
+            t0, t1, t2, t3 = _Q8_0_8R(a, o, ws, xq, xc, xd, xi)
+        elif fmt == Q4_0:
+            t0, t1, t2, t3 = _Q4_0_8R(a, o, ws, xq, xc, xd, xi)
+        else:
+            t0, t1, t2, t3 = _Q5_0_8R(a, o, ws, xq, xc, xd, xi)
+        s0 += t0
+        s1 += t1
+        s2 += t2
+        s3 += t3
+        ib += 8
+    while ib + 2 <= nb:
+        o = wo + ib * bs
+        xi = xo + 32 * ib
+        if fmt == Q8_0:
+            t0, t1, t2, t3 = _Q8_0_2R(a, o, ws, xq, xc, xd, xi)
+        elif fmt == Q4_0:
+            t0, t1, t2, t3 = _Q4_0_2R(a, o, ws, xq, xc, xd, xi)
+        else:
+            t0, t1, t2, t3 = _Q5_0_2R(a, o, ws, xq, xc, xd, xi)
+        s0 += t0
+        s1 += t1
+        s2 += t2
+        s3 += t3
+        ib += 2
+    if ib < nb:
+        o = wo + ib * bs
+        xi = xo + 32 * ib
+        s0 += _legacy_tail(fmt, a, o, xq, xd, xi)
+        s1 += _legacy_tail(fmt, a, o + ws, xq, xd, xi)
+        s2 += _legacy_tail(fmt, a, o + 2 * ws, xq, xd, xi)
+        s3 += _legacy_tail(fmt, a, o + 3 * ws, xq, xd, xi)
+    return s0, s1, s2, s3
+
+
+ROWS_PER_TASK = 128
+PREFETCH = 4096  # bytes: weights are prefetched this far ahead of the rows being read
+
+
+@njit(**_OPTS)
+def _task(fmt, a, b, o, k3, k2, m, m_end, xq, xc, xd, xb, finite):
+    """Weight rows m..m_end of matrix a[k3, k2] against every b row broadcast onto it, ROWS rows
+    at a time (a function of its own: the serial and the thread-pool compilations of the kernel
+    then run the same code)."""
+    n2, nn = o.shape[1], o.shape[2]
+    nk = b.shape[3]
+    r3 = o.shape[0] // a.shape[0]
+    r2 = n2 // a.shape[1]
+    ws = a.strides[2]
+    while m < m_end:
+        g = ROWS if m + ROWS <= m_end else 1
+        wo = k3 * a.strides[0] + k2 * a.strides[1] + m * ws
+        for p in range(wo + PREFETCH, wo + PREFETCH + g * ws, 64):
+            V.prefetch(a, p)
+        for i3 in range(k3 * r3, (k3 + 1) * r3):
+            for i2 in range(k2 * r2, (k2 + 1) * r2):
+                for q in range(nn):
+                    t = (i3 * n2 + i2) * nn + q
+                    orow = o[i3, i2, q]
+                    if not finite[t]:  # NaN or inf in the activations: the float path's product
+                        y = b[i3, i2, q]
+                        tmp = np.empty(nk, np.float32)
+                        for i in range(g):
+                            decode_row(fmt, a[k3, k2, m + i], tmp)
+                            s = np.float32(0.0)
+                            for k in range(nk):
+                                s += tmp[k] * y[k]
+                            orow[m + i] = s
+                    elif g == ROWS:
+                        s0, s1, s2, s3 = rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk)
+                        orow[m] = s0
+                        orow[m + 1] = s1
+                        orow[m + 2] = s2
+                        orow[m + 3] = s3
+                    else:
+                        orow[m] = row_dot(fmt, a, wo, xq, xc, xd, xb, t * nk, nk)
+        m += g
+
+
+@njit(parallel=True, **_OPTS)
+def q_mul_mat_int(fmt, a, b, o):
+    """o[i3, i2, n, m] = the integer-path dot product of weight row a[i3 // r3, i2 // r2, m] with
+    activation row b[i3, i2, n] (quantized once, before the products); a task owns up to
+    ROWS_PER_TASK rows of one a matrix and serves every b row broadcast onto it."""
+    n3, n2, nn, nm = o.shape
+    a3, a2 = a.shape[0], a.shape[1]
+    nk = b.shape[3]
+    nr = n3 * n2 * nn
+    per = 256 if fmt == Q4_K or fmt == Q6_K else 32
+    xq = np.empty(nr * nk, np.int8)
+    xc = np.empty(nr * nk // 4, np.int32)
+    xd = np.empty(nr * (nk // per), np.float32)
+    xb = np.empty(nr * (nk // 32), np.int32)
+    finite = np.empty(nr, np.bool_)
+    for t in prange(nr):
+        q = t % nn
+        u = t // nn
+        finite[t] = quantize_row(fmt, b[u // n2, u % n2, q], xq, xc, xd, xb, t * nk)
+    tm = (nm + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(a3 * a2 * tm):
+        jm = task % tm
+        u = task // tm
+        _task(fmt, a, b, o, u // a2, u % a2, jm * ROWS_PER_TASK, min(nm, (jm + 1) * ROWS_PER_TASK),
+              xq, xc, xd, xb, finite)
+
+
+KERNELS = {f.py_func.__name__: f for f in (q_mul_mat_int,)}

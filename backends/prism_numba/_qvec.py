@@ -1,0 +1,325 @@
+"""LLVM vector code for the integer dot products of block weights with int8 activations
+(numba intrinsics, used by :mod:`._jit_qdot`).
+
+Written as LLVM IR because numba's loops over 32 bytes do not become vector code: LLVM fully
+unrolls a loop of constant trip count into scalar code, and it narrows int8 x int8 products to
+16-bit multiplies rather than the multiply-add instructions (measured with ``inspect_asm()``:
+no ``vpmaddwd``/``vpdpbusd``). Each intrinsic here does a fixed amount of work (a pair of 32-value
+blocks, or a 256-value super-block) in 512-bit vectors and returns a scalar, so the numba loops
+around it stay plain scalar loops.
+
+The one instruction the code is built around is ``vpdpbusd`` (AVX-512 VNNI): 16 int32 lanes, each
+adding the four products of unsigned bytes of its first operand and signed bytes of its second.
+Weights become unsigned bytes (Q4: the nibble 0..15; Q5: 0..31; Q6_K: 0..63; Q8_0: the int8 plus
+128), and the offset comes back through the lane's start value, ``-offset * (sum of those four
+activations)``, precomputed once per activation row (``xc``). Without VNNI (or when numba compiles
+for a generic CPU, ``NUMBA_CPU_NAME``), the same lane sums are written in plain vector IR, which
+every LLVM target lowers (exact either way: the products fit in int32).
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llb
+from llvmlite import ir
+from numba import types
+from numba.core import config
+from numba.extending import intrinsic
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32, HALF = ir.FloatType(), ir.HalfType()
+
+
+def host_has_vnni() -> bool:
+    """AVX-512 VNNI (with BW) on the CPU numba compiles for."""
+    if config.CPU_NAME not in (None, "", "host"):
+        return False  # a named (portable) target: generic code
+    feats = llb.get_host_cpu_features()
+    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+
+
+def host_has_f16c() -> bool:
+    """fp16 conversion instructions on the CPU numba compiles for (without them LLVM would call
+    the compiler-runtime helpers __extendhfsf2/__truncsfhf2, which numba's JIT does not link)."""
+    return config.CPU_NAME in (None, "", "host") and bool(llb.get_host_cpu_features().get("f16c", False))
+
+
+VNNI = host_has_vnni()
+F16C = host_has_f16c()
+
+
+def vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _const(t: ir.Type, n: int, value: int) -> ir.Constant:
+    return ir.Constant(vec(t, n), [value] * n)
+
+
+def _shuffle(b: ir.IRBuilder, x, y, idx) -> ir.Value:
+    return b.shuffle_vector(x, y, ir.Constant(vec(I32, len(idx)), list(idx)))
+
+
+def _concat(b: ir.IRBuilder, x, y) -> ir.Value:
+    return _shuffle(b, x, y, range(2 * x.type.count))
+
+
+def _ptr(context, b: ir.IRBuilder, aryty, ary, index, t: ir.Type):
+    """Pointer to t at element ``index`` of the array (its own element type)."""
+    data = context.make_array(aryty)(context, b, ary).data
+    return b.bitcast(b.gep(data, [index], inbounds=True), t.as_pointer())
+
+
+def _load(context, b, aryty, ary, index, t: ir.Type):
+    return b.load(_ptr(context, b, aryty, ary, index, t), align=1)
+
+
+def _half_to_float(b: ir.IRBuilder, h) -> ir.Value:
+    """The float32 value of fp16 bits h (i16): exact, with integer operations only (no F16C):
+    the exponent and mantissa shifted into place and scaled by 2**112 (subnormals included),
+    infinities and NaNs given the float32 exponent."""
+    if F16C:
+        return b.fpext(b.bitcast(h, HALF), F32)
+    h = b.zext(h, I32)
+    em = b.and_(h, ir.Constant(I32, 0x7FFF))
+    shifted = b.shl(em, ir.Constant(I32, 13))
+    scaled = b.bitcast(b.fmul(b.bitcast(shifted, F32), ir.Constant(F32, 2.0 ** 112)), I32)
+    special = b.or_(shifted, ir.Constant(I32, 0x7F800000))
+    bits = b.select(b.icmp_unsigned(">=", em, ir.Constant(I32, 0x7C00)), special, scaled)
+    sign = b.shl(b.and_(h, ir.Constant(I32, 0x8000)), ir.Constant(I32, 16))
+    return b.bitcast(b.or_(bits, sign), F32)
+
+
+def _f16(context, b, aryty, ary, index):
+    """The float32 value of the little-endian fp16 at byte ``index`` of a uint8 array."""
+    return _half_to_float(b, _load(context, b, aryty, ary, index, I16))
+
+
+def _dpbusd(b: ir.IRBuilder, acc, u, s) -> ir.Value:
+    """acc (16 x i32) + the sums of four adjacent products u[i] * s[i] (64 unsigned, 64 signed bytes)."""
+    if VNNI:
+        v16 = vec(I32, 16)
+        fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16] * 3))
+        return b.call(fn, [acc, b.bitcast(u, v16), b.bitcast(s, v16)])
+    p = b.mul(b.zext(u, vec(I32, 64)), b.sext(s, vec(I32, 64)))
+    parts = [_shuffle(b, p, p, range(j, 64, 4)) for j in range(4)]
+    return b.add(acc, b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3])))
+
+
+def _hsum(b: ir.IRBuilder, v) -> ir.Value:
+    """The sum of a vector's lanes, halves added in a fixed order."""
+    add = b.fadd if isinstance(v.type.element, ir.FloatType) else b.add
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        v = add(_shuffle(b, v, v, range(n)), _shuffle(b, v, v, range(n, 2 * n)))
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+def _fma(b: ir.IRBuilder, x, y, z) -> ir.Value:
+    t = x.type
+    fn = b.module.declare_intrinsic(f"llvm.fma.v{t.count}f32", fnty=ir.FunctionType(t, [t, t, t]))
+    return b.call(fn, [x, y, z])
+
+
+def _nibbles(b: ir.IRBuilder, q) -> tuple:
+    """(low nibbles, high nibbles) of a byte vector."""
+    n = q.type.count
+    return b.and_(q, _const(I8, n, 0xF)), b.lshr(q, _const(I8, n, 4))
+
+
+# ------------------------------------------------------------------ 32-value blocks
+#: (block bytes, offset of the quants) of the 32-value formats with an integer path
+LEGACY_LAYOUT = {"Q4_0": (18, 2), "Q5_0": (22, 6), "Q8_0": (34, 2)}
+
+
+def _block_u8(fmt: str, context, b, wty, w, o):
+    """Block at byte o of w as 32 unsigned bytes, values 0..15 (Q4_0), 0..31 (Q5_0), int8 + 128 (Q8_0)."""
+    bs, q0 = LEGACY_LAYOUT[fmt]
+    if fmt == "Q8_0":
+        return b.xor(_load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 32)), _const(I8, 32, 0x80))
+    lo, hi = _nibbles(b, _load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 16)))
+    u = _concat(b, lo, hi)  # value j is the low nibble of byte j, value 16 + j its high nibble
+    if fmt == "Q5_0":  # bit j of the 32-bit qh at byte 2 is value j's fifth bit
+        bits = b.bitcast(_load(context, b, wty, w, b.add(o, ir.Constant(I64, 2)), I32), vec(I1, 32))
+        u = b.or_(u, b.select(bits, _const(I8, 32, 16), _const(I8, 32, 0)))
+    return u
+
+
+def legacy_chunk(fmt: str, pairs: int, rows: int):
+    """An intrinsic f(w, wo, ws, xq, xc, xd, xo) -> ``rows`` float32 (a tuple when rows > 1): the
+    dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8), 2 * pairs blocks
+    of format fmt each, with the int8 activations xq[xo:] (whole blocks; per block the fp16-rounded
+    scale in xd[xo // 32], per four values the offset term in xc[xo // 4]), each activation load
+    serving every row. Per block, d_w * d_x times the exact integer sum; summed in float32 lanes."""
+    bs = LEGACY_LAYOUT[fmt][0]
+
+    @intrinsic
+    def chunk(typingctx, w, wo, ws, xq, xc, xd, xo):
+        ret = types.float32 if rows == 1 else types.UniTuple(types.float32, rows)
+        sig = ret(w, types.int64, types.int64, xq, xc, xd, types.int64)
+
+        def codegen(context, b, signature, args):
+            wty, _, _, qty, cty, dty, _ = signature.args
+            w_, wo_, ws_, xq_, xc_, xd_, xo_ = args
+            acc = [ir.Constant(vec(F32, 16), [0.0] * 16)] * rows
+            for p in range(pairs):
+                xi = b.add(xo_, ir.Constant(I64, 64 * p))
+                s = _load(context, b, qty, xq_, xi, vec(I8, 64))
+                c = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                dx = _load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 5)), vec(F32, 2))
+                for r in range(rows):
+                    o0 = b.add(b.add(wo_, b.mul(ws_, ir.Constant(I64, r))), ir.Constant(I64, 2 * p * bs))
+                    o1 = b.add(o0, ir.Constant(I64, bs))
+                    u = _concat(b, _block_u8(fmt, context, b, wty, w_, o0), _block_u8(fmt, context, b, wty, w_, o1))
+                    lanes = b.sitofp(_dpbusd(b, c, u, s), vec(F32, 16))
+                    dw = ir.Constant(vec(F32, 2), [0.0, 0.0])
+                    for i, oi in enumerate((o0, o1)):
+                        dw = b.insert_element(dw, _f16(context, b, wty, w_, oi), ir.Constant(I32, i))
+                    d = b.fmul(dw, dx)
+                    acc[r] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r])
+            sums = [_hsum(b, a) for a in acc]
+            return sums[0] if rows == 1 else context.make_tuple(b, signature.return_type, sums)
+        return sig, codegen
+    return chunk
+
+
+# ------------------------------------------------------------------ K-quant super-blocks (256 values)
+def _k4_scales_mins(b: ir.IRBuilder, s):
+    """Q4_K/Q5_K: the eight 6-bit sub-block scales and mins (8 x i8 each) from the 12 scale bytes
+    (the first 12 of the 16 bytes s): sub-blocks 0..3 in the low 6 bits of bytes 0..3 (scales) and
+    4..7 (mins); 4..7 in the nibbles of bytes 8..11 with their top 2 bits in those of bytes 0..7."""
+    first = ir.Constant(vec(I1, 8), [1] * 4 + [0] * 4)
+    six, low4, two = _const(I8, 8, 63), _const(I8, 8, 0xF), _const(I8, 8, 6)
+    top = [b.shl(b.lshr(_shuffle(b, s, s, [0] * 4 + list(range(i, i + 4))), two), _const(I8, 8, 4)) for i in (0, 4)]
+    a = _shuffle(b, s, s, [0, 1, 2, 3, 8, 9, 10, 11])
+    sc = b.select(first, b.and_(a, six), b.or_(b.and_(a, low4), top[0]))
+    a = _shuffle(b, s, s, [4, 5, 6, 7, 8, 9, 10, 11])
+    mn = b.select(first, b.and_(a, six), b.or_(b.lshr(a, _const(I8, 8, 4)), top[1]))
+    return sc, mn
+
+
+@intrinsic
+def q4_k_superblock(typingctx, w, wo, xq, xb, xo, dx):
+    """The dot product (float32) of the Q4_K super-block at byte wo of w with the Q8_K activations
+    xq[xo:xo+256] of scale dx (xb[xo // 32:]: their sums per 32): dx * d * sum_j scale_j * (the
+    integer sum of sub-block j) - dx * dmin * sum_j min_j * xb_j."""
+    sig = types.float32(w, types.int64, xq, xb, types.int64, types.float32)
+
+    def codegen(context, b, signature, args):
+        wty, _, qty, bty, _, _ = signature.args
+        w_, wo_, xq_, xb_, xo_, dx_ = args
+        sc, mn = _k4_scales_mins(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 4)), vec(I8, 16)))
+        sc = b.zext(sc, vec(I32, 8))
+        acc = ir.Constant(vec(I32, 16), [0] * 16)
+        for j in range(4):  # 32 bytes: low nibbles sub-block 2j, high nibbles sub-block 2j + 1
+            lo, hi = _nibbles(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 16 + 32 * j)), vec(I8, 32)))
+            s = _load(context, b, qty, xq_, b.add(xo_, ir.Constant(I64, 64 * j)), vec(I8, 64))
+            lanes = _dpbusd(b, ir.Constant(vec(I32, 16), [0] * 16), _concat(b, lo, hi), s)
+            acc = b.add(acc, b.mul(lanes, _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)))
+        sums = _load(context, b, bty, xb_, b.lshr(xo_, ir.Constant(I64, 5)), vec(I32, 8))
+        mins = _hsum(b, b.mul(b.zext(mn, vec(I32, 8)), sums))
+        d = b.fmul(dx_, _f16(context, b, wty, w_, wo_))
+        dmin = b.fmul(dx_, _f16(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 2))))
+        return b.fsub(b.fmul(d, b.sitofp(_hsum(b, acc), F32)), b.fmul(dmin, b.sitofp(mins, F32)))
+    return sig, codegen
+
+
+@intrinsic
+def q6_k_superblock(typingctx, w, wo, xq, xc, xo):
+    """sum_i scale_(i // 16) * (q_i - 32) * x_i (int32) for the Q6_K super-block at byte wo of w and
+    the activations xq[xo:xo+256] (xc[xo // 4:]: -32 times each four activations' sum)."""
+    sig = types.int32(w, types.int64, xq, xc, types.int64)
+
+    def codegen(context, b, signature, args):
+        wty, _, qty, cty, _ = signature.args
+        w_, wo_, xq_, xc_, xo_ = args
+        sc = b.sext(_load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 192)), vec(I8, 16)), vec(I32, 16))
+        acc = ir.Constant(vec(I32, 16), [0] * 16)
+        three = _const(I8, 64, 3)
+        for h in range(2):  # 128 values: ql[64h:64h+64], qh[32h:32h+32]
+            ql = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 64 * h)), vec(I8, 64))
+            qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 128 + 32 * h)), vec(I8, 32))
+            sh = [b.lshr(qh, _const(I8, 32, k)) for k in (0, 2, 4, 6)]
+            lo, hi = _nibbles(b, ql)
+            for g, nib in enumerate((lo, hi)):  # values 128h + 64g + [0, 64): two bit pairs of qh
+                high = b.shl(b.and_(_concat(b, sh[2 * g], sh[2 * g + 1]), three), _const(I8, 64, 4))
+                xi = b.add(xo_, ir.Constant(I64, 128 * h + 64 * g))
+                s = _load(context, b, qty, xq_, xi, vec(I8, 64))
+                c = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                lanes = _dpbusd(b, c, b.or_(nib, high), s)
+                first = 8 * h + 4 * g  # 16 values (four lanes) per scale
+                acc = b.add(acc, b.mul(lanes, _shuffle(b, sc, sc, [first + i // 4 for i in range(16)])))
+        return _hsum(b, acc)
+    return sig, codegen
+
+
+@intrinsic
+def f16_round(typingctx, x):
+    """float32 x rounded to the nearest fp16 (ties to even; overflow gives inf), as float32."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, b, signature, args):
+        x = args[0]
+        if F16C:
+            return b.fpext(b.fptrunc(x, HALF), F32)
+        # Integer operations only: below 2**-14 (fp16 subnormals) the quantum is 2**-24, rounded
+        # by adding and removing 2**23; above, the 13 bits dropped are rounded to even in the
+        # bits, and what rounds past 65504 (the largest fp16) becomes inf.
+        bits = b.bitcast(x, I32)
+        sign = b.and_(bits, ir.Constant(I32, -0x80000000))
+        mag = b.and_(bits, ir.Constant(I32, 0x7FFFFFFF))
+        absx = b.bitcast(mag, F32)
+        big = ir.Constant(F32, 2.0 ** 23)
+        sub = b.fmul(b.fsub(b.fadd(b.fmul(absx, ir.Constant(F32, 2.0 ** 24)), big), big), ir.Constant(F32, 2.0 ** -24))
+        lsb = b.and_(b.lshr(mag, ir.Constant(I32, 13)), ir.Constant(I32, 1))
+        rounded = b.and_(b.add(b.add(mag, ir.Constant(I32, 0xFFF)), lsb), ir.Constant(I32, ~0x1FFF))
+        rounded = b.select(b.icmp_unsigned(">", rounded, ir.Constant(I32, 0x477FE000)), ir.Constant(I32, 0x7F800000),
+                           rounded)
+        rounded = b.select(b.icmp_unsigned(">=", mag, ir.Constant(I32, 0x7F800000)), mag, rounded)  # inf, NaN
+        mag = b.select(b.icmp_unsigned("<", mag, ir.Constant(I32, 0x38800000)), b.bitcast(sub, I32), rounded)
+        return b.bitcast(b.or_(mag, sign), F32)
+    return sig, codegen
+
+
+@intrinsic
+def byte_at(typingctx, w, o):
+    """The byte at byte offset o of uint8 array w (any shape: offsets from its first element)."""
+    sig = types.int64(w, types.int64)
+
+    def codegen(context, b, signature, args):
+        return b.zext(_load(context, b, signature.args[0], args[0], args[1], I8), I64)
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, w, o):
+    """Hint that the cache line at byte offset o of array w will be read soon (never faults)."""
+    sig = types.void(w, types.int64)
+
+    def codegen(context, b, signature, args):
+        p = _ptr(context, b, signature.args[0], args[0], args[1], I8)
+        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        fn = b.module.declare_intrinsic("llvm.prefetch", fnty=fnty)
+        b.call(fn, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])  # read, keep, data
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The IEEE bits of float32 x as an int32."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, b, signature, args):
+        return b.bitcast(args[0], I32)
+    return sig, codegen
+
+
+@intrinsic
+def half_at(typingctx, w, o):
+    """The float32 value of the little-endian fp16 at byte offset o of uint8 array w."""
+    sig = types.float32(w, types.int64)
+
+    def codegen(context, b, signature, args):
+        return _f16(context, b, signature.args[0], args[0], args[1])
+    return sig, codegen

@@ -1,0 +1,256 @@
+"""numba's integer matrix-vector path (backends/prism_numba/_jit_qdot.py, _qvec.py): the activation
+quantizer against prism_core.quant.quantize_activations byte for byte (ggml's x86 Q8_0 rounding,
+the reference Q8_K, their edge cases), the products against float64 on gguf-dequantized weights
+and the activations so quantized (odd block counts, row groups with tails, several tasks, batch
+broadcast, a permuted b, serial and thread-pool compilations), non-finite activations, and the
+portable vector code (a generic CPU) against the AVX-512 VNNI code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf import quants as gq
+from test_csimd_quant import random_blocks
+from test_numba_quant import _qtensor, activation_values, int_path
+
+import prism_core as pc
+from prism_core.quant import quantize_activations
+from prism_core.types import TRAITS, GGMLType
+
+INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K)
+try:
+    from prism_numba._qvec import VNNI  # the integer path is taken on AVX-512 VNNI CPUs only
+except ImportError:  # numba missing: the fixture skips every test
+    VNNI = False
+OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: 128, GT.Q4_K: 0, GT.Q6_K: 32}  # the vector code's byte offsets
+
+
+@pytest.fixture(scope="module")
+def nb():
+    info = next((i for i in pc.backends() if i.name == "numba"), None)
+    if info is None or not info.available:
+        pytest.skip(f"numba unavailable here: {info.reason if info else 'not registered'}")
+    return pc.backend("numba")
+
+
+@pytest.fixture(params=("serial", "parallel"))
+def mode(request, monkeypatch):
+    monkeypatch.setenv("PRISM_NUMBA_SERIAL_WORK", "0" if request.param == "parallel" else str(1 << 40))
+    return request.param
+
+
+def _edge_row(rng: np.random.Generator) -> np.ndarray:
+    """768 values: a super-block of normal values with 32-value blocks of zeros, of ties after
+    scaling (amax 127: the multiplier is 1), of subnormals (an infinite multiplier), a constant and
+    an outlier; then a super-block of zeros and one of subnormals."""
+    x = rng.standard_normal(768).astype(np.float32)
+    x[0:32] = 0.0
+    x[64:96] = np.linspace(-126, 126, 32).round() + 0.5
+    x[64] = -127.0  # the largest magnitude of the first super-block too: Q8_K's scale is 1
+    x[96:128] = np.float32(1e-41)
+    x[128:160] = 0.37
+    x[200] = 40.0
+    x[256:512] = 0.0
+    x[512:768] = np.float32(1e-41) * np.sign(rng.standard_normal(256)).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("t", INT_FORMATS, ids=lambda t: t.name)
+def test_activations_match_quantize_activations(nb, t):
+    from prism_numba._jit_qdot import quantize_row
+    rng = np.random.default_rng(int(t))
+    x = _edge_row(rng)
+    k = len(x)
+    xq, xc = np.empty(k, np.int8), np.empty(k // 4, np.int32)
+    xb = np.empty(k // 32, np.int32)
+    vt = TRAITS[GGMLType(int(t))].vec_dot_type
+    per = 256 if vt == GGMLType.Q8_K else 32
+    xd = np.empty(k // per, np.float32)
+    assert quantize_row(int(t), x, xq, xc, xd, xb, 0)
+    ref = quantize_activations(x, vt).reshape(k // per, -1)
+    if per == 32:  # Q8_0: fp16 d, 32 int8
+        want_q = ref[:, 2:].view(np.int8).reshape(-1)
+        want_d = ref[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
+    else:  # Q8_K: float32 d, 256 int8, 16 int16 sums
+        want_q = ref[:, 4:260].view(np.int8).reshape(-1)
+        want_d = ref[:, :4].copy().view(np.float32).reshape(-1)
+    assert np.array_equal(xq, want_q)
+    assert np.array_equal(xd.view(np.uint32), want_d.view(np.uint32))
+    q = want_q.astype(np.int64)
+    assert np.array_equal(xb, q.reshape(-1, 32).sum(axis=1))
+    assert np.array_equal(xc, -OFFSET[t] * q.reshape(-1, 4).sum(axis=1))
+
+
+def test_non_finite_activations_are_not_quantized(nb):
+    from prism_numba._jit_qdot import quantize_row
+    x = np.ones(64, np.float32)
+    x[40] = np.nan
+    bufs = (np.zeros(64, np.int8), np.zeros(16, np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32))
+    assert not quantize_row(int(GT.Q8_0), x, *bufs, 0)
+    assert not any(b.any() for b in bufs)
+
+
+def _check(got: np.ndarray, xv: np.ndarray, av: np.ndarray) -> None:
+    """got[..., n, m] against sum_k xv[..., n, k] av[..., m, k] in float64, relative to the sum of
+    the products' magnitudes (float32 sums of exact integer dot products)."""
+    want = np.einsum("...nk,...mk->...nm", xv, av)
+    scale = np.einsum("...nk,...mk->...nm", np.abs(xv), np.abs(av)) + 1e-30
+    assert np.max(np.abs(got - want) / scale) < 1e-5
+
+
+@pytest.mark.parametrize("t", INT_FORMATS, ids=lambda t: t.name)
+def test_products(nb, mode, t):
+    """Rows: 37 (a task of 32 and one of 5: groups of four and single rows); k: an odd number of
+    32-value blocks (the scalar tail), two (one pair), and eight plus some (a chunk and pairs)."""
+    rng = np.random.default_rng(200 + int(t))
+    blck = TRAITS[GGMLType(int(t))].blck_size
+    ks = (256, 768) if blck == 256 else (32, 96, 64, 352)
+    for k in ks:
+        for n in (1, 2):
+            ctx = pc.Context()
+            a, av = _qtensor(ctx, t, k, 37, rng, zero_rows=(3,))
+            bv = rng.standard_normal((n, k)).astype(np.float32)
+            bv[n - 1, : min(k, 64)] = 0.0  # a zero activation block
+            out = pc.mul_mat(a, ctx.from_numpy(bv))
+            pc.compute(pc.Graph().expand(out), nb, strict=True)
+            assert int_path(out) == VNNI
+            got = out.numpy().reshape(n, 37)
+            assert not got[:, 3].any()
+            _check(got, activation_values(bv, t) if VNNI else bv.astype(np.float64), av)
+
+
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K), ids=lambda t: t.name)
+def test_broadcast_and_permuted(nb, mode, t):
+    """a (2 matrices) broadcast onto b (3 x 4 matrices of 2 rows, permuted in memory): 2 * 3 * 2 = 12
+    activation rows per weight matrix, the integer path."""
+    rng = np.random.default_rng(17)
+    ctx = pc.Context()
+    k = 256
+    per = TRAITS[GGMLType(int(t))].blck_size
+    raw = random_blocks(t, 2 * 9 * k // per, rng).reshape(1, 2, 9, -1)
+    a = ctx.new_tensor(GGMLType(int(t)), (k, 9, 2))
+    a.set_raw(raw)
+    av = gq.dequantize(raw, t).astype(np.float64)
+    bv = rng.standard_normal((3, 4, 2, k)).astype(np.float32)
+    b = pc.permute(ctx.from_numpy(np.ascontiguousarray(bv.transpose(0, 2, 1, 3))), 0, 2, 1, 3)
+    out = pc.mul_mat(a, b)
+    assert int_path(out) == VNNI
+    pc.compute(pc.Graph().expand(out), nb, strict=True)
+    xv = activation_values(bv.reshape(-1, k), t).reshape(bv.shape) if VNNI else bv.astype(np.float64)
+    _check(out.numpy(), xv, np.repeat(np.repeat(av, 3, 0), 2, 1))
+
+
+def test_non_finite_rows_take_the_float_path(nb, mode):
+    """A row with a NaN gives NaN, one with an infinity gives what the float product gives; the
+    finite row beside them still takes the integer path."""
+    rng = np.random.default_rng(5)
+    t, k, m = GT.Q4_0, 128, 9
+    ctx = pc.Context()
+    a, av = _qtensor(ctx, t, k, m, rng)
+    bv = rng.standard_normal((3, k)).astype(np.float32)
+    bv[0, 7] = np.nan
+    bv[1, 100] = np.inf
+    out = pc.mul_mat(a, ctx.from_numpy(bv))
+    pc.compute(pc.Graph().expand(out), nb, strict=True)
+    got = out.numpy().reshape(3, m)
+    assert int_path(out) == VNNI
+    assert np.isnan(got[0]).all()
+    with np.errstate(invalid="ignore"):
+        want1 = bv[1].astype(np.float64) @ av.T
+    assert np.array_equal(np.isnan(got[1]), np.isnan(want1)) and np.array_equal(got[1][np.isinf(want1)],
+                                                                                  want1[np.isinf(want1)])
+    _check(got[2:], activation_values(bv[2:], t) if VNNI else bv[2:].astype(np.float64), av)
+
+
+_GENERIC_RUN = """
+import json, sys
+import numpy as np
+from numba import njit
+from prism_numba import _qvec as V
+from prism_numba._jit_qdot import q_mul_mat_int
+
+@njit
+def halves(raw, out):
+    for i in range(out.shape[0]):
+        out[i] = V.half_at(raw, 2 * i)
+
+@njit
+def rounded(x, out):
+    for i in range(x.shape[0]):
+        out[i] = V.f16_round(x[i])
+
+cases = json.loads(sys.argv[1])
+res = {"vnni": V.VNNI, "f16c": V.F16C, "out": []}
+for fmt, k, m, seed in cases:
+    a = np.load(sys.argv[2] + f"/a{fmt}_{k}.npy")
+    b = np.random.default_rng(seed).standard_normal((1, 1, 2, k)).astype(np.float32)
+    o = np.empty((1, 1, 2, m), np.float32)
+    q_mul_mat_int(fmt, a, b, o)
+    res["out"].append(o.view(np.uint32).reshape(-1).tolist())
+h = np.empty(65536, np.float32)
+halves(np.arange(65536, dtype=np.uint16).view(np.uint8), h)
+res["halves"] = h.view(np.uint32).tolist()
+x = np.load(sys.argv[2] + "/x.npy")
+r = np.empty_like(x)
+rounded(x, r)
+res["rounded"] = r.view(np.uint32).tolist()
+print(json.dumps(res))
+"""
+
+
+def _round_cases(rng: np.random.Generator) -> np.ndarray:
+    """float32 values around every fp16 rounding edge: ties between neighbours (normal and
+    subnormal), the largest fp16 and the overflow threshold, the normal/subnormal boundary."""
+    h = np.arange(0, 0x7C00, 7, dtype=np.uint16).view(np.float16).astype(np.float32)
+    nxt = (np.arange(0, 0x7C00, 7, dtype=np.uint16) + 1).view(np.float16).astype(np.float32)
+    mid = (h.astype(np.float64) + nxt) / 2
+    edges = np.array([65504, 65519.996, 65520, 65536, 1e6, np.inf, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25,
+                      3 * 2.0 ** -26, 1e-41, 0.0], np.float64)
+    x = np.concatenate([h, mid, np.nextafter(mid, 0), np.nextafter(mid, np.inf), edges,
+                        rng.standard_normal(1000) * 1e-3]).astype(np.float32)
+    return np.concatenate([x, -x])
+
+
+def test_generic_vector_code_equals_vnni(nb, tmp_path):
+    """The portable code (NUMBA_CPU_NAME=generic: plain vector IR for the lane sums, integer fp16
+    conversions; compiled afresh in a subprocess) gives the same bits as this host's code: the same
+    exact integers and float32 operations; its fp16 conversions equal NumPy's on every fp16 and on
+    the rounding edges."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256)):
+        m = 6
+        raw = random_blocks(t, m * k // TRAITS[GGMLType(int(t))].blck_size, rng).reshape(1, 1, m, -1)
+        np.save(tmp_path / f"a{int(t)}_{k}.npy", raw)
+        cases.append((int(t), k, m, int(t)))
+    x = _round_cases(rng)
+    np.save(tmp_path / "x.npy", x)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "backends"), os.path.join(here, ".."),
+                                         env.get("PYTHONPATH", "")])
+    run = [sys.executable, "-c", _GENERIC_RUN, json.dumps(cases), str(tmp_path)]
+    proc = subprocess.run(run, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    generic = json.loads(proc.stdout.splitlines()[-1])
+    assert generic["vnni"] is False and generic["f16c"] is False
+    with np.errstate(over="ignore"):
+        want_round = x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(np.array(generic["rounded"], np.uint32), want_round.view(np.uint32))
+    want_halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    got_halves = np.array(generic["halves"], np.uint32).view(np.float32)
+    nan = np.isnan(want_halves)
+    assert np.array_equal(np.isnan(got_halves), nan)
+    assert np.array_equal(got_halves[~nan].view(np.uint32), want_halves[~nan].view(np.uint32))
+    from prism_numba._jit_qdot import q_mul_mat_int
+    for (fmt, k, m, seed), bits in zip(cases, generic["out"]):
+        b = np.random.default_rng(seed).standard_normal((1, 1, 2, k)).astype(np.float32)
+        o = np.empty((1, 1, 2, m), np.float32)
+        q_mul_mat_int(fmt, np.load(tmp_path / f"a{fmt}_{k}.npy"), b, o)
+        assert o.view(np.uint32).reshape(-1).tolist() == bits, GT(fmt).name
