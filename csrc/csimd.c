@@ -201,8 +201,19 @@ int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csi
     return 0;
 }
 
+int csimd_set_gelu_tables(const float *gelu, const float *gelu_quick) {
+    if (!gelu || !gelu_quick) return -1;
+    csimd_gelu_f16 = gelu;
+    csimd_gelu_quick_f16 = gelu_quick;
+    return 0;
+}
+
+static int gelu_ready(int op) {
+    return (op != U_GELU || csimd_gelu_f16) && (op != U_GELU_QUICK || csimd_gelu_quick_f16);
+}
+
 int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth) {
-    if (!nonneg(a) || !nonneg(d) || !same_ne(a, d)) return -1;
+    if (!nonneg(a) || !nonneg(d) || !same_ne(a, d) || !gelu_ready(op)) return -1;
     nth = clamp_threads(nth);
     CALL(unary, op, p0, p1, a, d, nth)
     return 0;
@@ -343,7 +354,7 @@ int csimd_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_ten
 int csimd_glu(int act, int swapped, double alpha, double limit, const csimd_tensor *a, const csimd_tensor *b,
               const csimd_tensor *d, int nth) {
     if (act >= 0 && act != U_RELU && act != U_GELU && act != U_SILU && act != U_GELU_ERF && act != U_GELU_QUICK) return -1;
-    if (!nonneg(a) || !nonneg(d) || (b && !nonneg(b))) return -1;
+    if (!nonneg(a) || !nonneg(d) || (b && !nonneg(b)) || !gelu_ready(act)) return -1;
     if (!b && (a->ne[0] < 2 * d->ne[0] || a->ne[1] != d->ne[1] || a->ne[2] != d->ne[2] || a->ne[3] != d->ne[3]))
         return -1;
     if (b && (!same_ne(a, d) || !same_ne(b, d))) return -1;
@@ -517,8 +528,13 @@ int csimd_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_t
                 const float *wr = (const float *)ELT(w, 0, m, x, 0), *br = (const float *)ELT(b, 0, e % nb1, t, 0);
                 for (int64_t k = 0; k < K; k++) s += (double)wr[k] * br[k];
             } else {
-                for (int64_t k = 0; k < K; k++)
-                    s += (double)load_f32(ELT(w, k, m, x, 0), w->type) * load_f32(ELT(b, k, e % nb1, t, 0), b->type);
+                /* an F16/BF16 weight takes b rounded to its type (ggml's CPU: its vec_dot_type) */
+                const int wt = w->type, round_b = (wt == CSIMD_F16 || wt == CSIMD_BF16) && b->type == CSIMD_F32;
+                for (int64_t k = 0; k < K; k++) {
+                    float bv = load_f32(ELT(b, k, e % nb1, t, 0), b->type);
+                    if (round_b) bv = wt == CSIMD_F16 ? f16_to_f32_sw(f32_to_f16_sw(bv)) : bf16_to_f32(f32_to_bf16(bv));
+                    s += (double)load_f32(ELT(w, k, m, x, 0), wt) * bv;
+                }
             }
             const float v = (float)s;
             memcpy(ELT(d, m, e, t, 0), &v, 4);

@@ -5,7 +5,7 @@
 
 /* bumped with every change of a function's signature or meaning: the Python side refuses a build
    from other sources (same names, other arguments) instead of calling it wrongly */
-#define CSIMD_ABI_VERSION 3
+#define CSIMD_ABI_VERSION 4
 
 /* element types */
 #define CSIMD_F32 0
@@ -33,6 +33,9 @@ int csimd_max_threads(void);
 
 int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth);
+/* ggml's GELU and quick GELU tables (float32[65536], indexed by an input's F16 bits; prism_core.gelu_tables):
+   kept by pointer, set once before any GELU; 0, or -1 for a NULL table */
+int csimd_set_gelu_tables(const float *gelu, const float *gelu_quick);
 int csimd_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_soft_max(const csimd_tensor *a, const csimd_tensor *mask, const csimd_tensor *sinks, const csimd_tensor *d,
                    const float *slopes, float scale, int nth);

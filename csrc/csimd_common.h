@@ -46,6 +46,11 @@ static inline uint16_t f32_to_f16_sw(float ff) {
     return (uint16_t)(o | (sign >> 16));
 }
 
+/* csimd_set_gelu_tables(): ggml's CPU reads the tanh and quick GELU of an F32 value from tables over
+   its F16 rounding; these point to the core's tables (prism_core.gelu_tables), NULL until set */
+static const float *csimd_gelu_f16 = NULL, *csimd_gelu_quick_f16 = NULL;
+#define CSIMD_GELU_CLAMP 10.0f /* the tanh GELU's table covers -10 < x < 10: below 0, above x itself */
+
 static inline float f16_to_f32_sw(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu, r;

@@ -232,11 +232,9 @@ ATTR static inline double FN(uop)(int op, float x, double p0, double p1) {
     case U_ELU: return x > 0 ? x : expm1f(x);
     case U_RELU: return x > 0 ? x : 0.0f;
     case U_SIGMOID: return FN(sigm)(x);
-    case U_GELU: {
-        double xd = x; /* the tanh form, computed exactly (no table) */
-        return 0.5 * xd * (1.0 + tanh(0.79788456080286535588 * xd * (1.0 + 0.044715 * xd * xd)));
-    }
-    case U_GELU_QUICK: return x * FN(sigm)(1.702f * x);
+    case U_GELU: /* ggml's F16 table (csimd_set_gelu_tables) */
+        return x <= -CSIMD_GELU_CLAMP ? 0.0 : x >= CSIMD_GELU_CLAMP ? (double)x : csimd_gelu_f16[f32_to_f16_sw(x)];
+    case U_GELU_QUICK: return csimd_gelu_quick_f16[f32_to_f16_sw(x)];
     case U_SILU: return x / (1.0f + expf(-x));
     case U_HARDSWISH: return x * fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f));
     case U_HARDSIGMOID: return fminf(1.0f, fmaxf(0.0f, (x + 3.0f) / 6.0f)); /* NaN -> 0, as ggml */
@@ -1050,6 +1048,28 @@ ATTR static void FN(gemv)(const char *a, int64_t anm, const char *b, int64_t bnn
 #undef GR
 #undef GU
 
+/* A few F32 rows of b against F16 rows of a (an F16 KV cache times the queries or the attention
+   weights of one token): each row of a widened once (F16C) and dotted; no packed panels, whose
+   micro-tiles would be mostly padding at this width */
+ATTR static int FN(gemv_h)(const char *a, int64_t anm, const char *b, int64_t bnn, float *C, int64_t ldc, int64_t M,
+                           int64_t N, int64_t K, int nth) {
+    int failed = 0;
+    (void)nth;
+#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
+    {
+        float *row = (float *)csimd_alloc((size_t)(K + 16) * 4);
+        failed |= !row;
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) {
+            if (!row) continue;
+            FN(row_to_f32)(row, a + m * anm, CSIMD_F16, 2, K);
+            for (int64_t n = 0; n < N; n++) C[n * ldc + m] = FN(dot)(row, (const float *)(b + n * bnn), K);
+        }
+        free(row);
+    }
+    return failed ? -2 : 0;
+}
+
 /* C[n * ldc + m] = sum_k B[n][k] A[m][k] for one matrix pair (mul_mat and out_prod): the kernel
    that suits the shape. A small M against a larger N swaps the operands and writes the result
    transposed, so the narrow side is the one packed whole and the micro-tile is not mostly padding. */
@@ -1059,6 +1079,8 @@ ATTR static int FN(gemm_any)(const char *a, int at, int64_t anm, int64_t ank, co
         FN(gemv)(a, anm, b, bnn, C, ldc, M, N, K, nth);
         return 0;
     }
+    if (N <= 4 && at == CSIMD_F16 && bt == CSIMD_F32 && ank == 2 && bnk == 4)
+        return FN(gemv_h)(a, anm, b, bnn, C, ldc, M, N, K, nth);
     if (K > 0 && M < NR && N > M && M * K <= ((int64_t)1 << 24))
         return FN(gemm_small_n)(b, bt, bnn, bnk, a, at, anm, ank, C, 1, ldc, N, M, K, nth);
     if (N <= 64 && K > 0 && K * ((N + MR - 1) / MR * MR) <= ((int64_t)1 << 24))
@@ -1084,6 +1106,27 @@ ATTR static int FN(gemm_blocks)(const csimd_tensor *a, int64_t ar, int64_t ak, c
 }
 
 ATTR static int FN(mul_mat)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    if ((a->type == CSIMD_F16 || a->type == CSIMD_BF16) && b->type == CSIMD_F32) {
+        /* ggml's CPU converts b to an F16/BF16 a's type (its vec_dot_type) before the products */
+        const int64_t K = b->ne[0], nr = b->ne[1] * b->ne[2] * b->ne[3];
+        csimd_tensor r = *b; /* b's values rounded to a's type, held as F32 (contiguous rows) */
+        r.nb[0] = 4; r.nb[1] = 4 * K; r.nb[2] = r.nb[1] * b->ne[1]; r.nb[3] = r.nb[2] * b->ne[2];
+        r.data = (char *)csimd_alloc((size_t)(nr * K * 4 + 64));
+        uint16_t *half = (uint16_t *)csimd_alloc((size_t)(K + 16) * 2);
+        if (!r.data || !half) { free(r.data); free(half); return -2; }
+        for (int64_t ir = 0; ir < nr; ir++) {
+            int64_t i1, i2, i3;
+            unravel_row(b, ir, &i1, &i2, &i3);
+            float *dst = (float *)(r.data + ir * r.nb[1]);
+            FN(row_to_f32)(dst, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], K);
+            FN(row_from_f32)((char *)half, a->type, 2, dst, K);
+            FN(row_to_f32)(dst, (const char *)half, a->type, 2, K);
+        }
+        free(half);
+        const int rc = FN(gemm_blocks)(a, a->nb[1], a->nb[0], &r, r.nb[1], r.nb[0], d, a->ne[1], b->ne[1], a->ne[0], nth);
+        free(r.data);
+        return rc;
+    }
     return FN(gemm_blocks)(a, a->nb[1], a->nb[0], b, b->nb[1], b->nb[0], d, a->ne[1], b->ne[1], a->ne[0], nth);
 }
 
@@ -1266,6 +1309,8 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
                 const double xc = limit < x ? limit : (double)x; /* std::min(x, limit): NaN stays NaN */
                 const double gc = g < -limit ? -limit : g > limit ? limit : g;
                 r = xc / (1.0 + exp(-alpha * xc)) * (gc + 1.0);
+            } else if (act == U_GELU && x <= -CSIMD_GELU_CLAMP) {
+                r = 0.0; /* GEGLU below the table: ggml gives 0 whatever g is */
             } else {
                 r = FN(uop)(act, x, 0.0, 0.0) * g;
             }

@@ -891,7 +891,9 @@ spec("MUL_MAT", "F32 [a.ne1, b.ne1, b.ne2, b.ne3]; a.ne0 = b.ne0 (the summed dim
      "out[m, n, i2, i3] = sum_k a[k, m, i2 / (b.ne2 / a.ne2), i3 / (b.ne3 / a.ne3)] * b[k, n, i2, i3]: a's "
      "matrices broadcast blockwise (integer division), not by modulo. Block-type a: its dequantized values "
      "(the reference is exact; ggml's CPU quantizes b to the weight type's dot-product partner, Q8_0/Q8_1/Q8_K, "
-     "which the NMSE bound allows). F16/BF16 sources: products of the exact values, summed in at least float32.")
+     "which the NMSE bound allows). An F16/BF16 a with an F32 b: b's values are first rounded to a's type (ggml's "
+     "CPU converts b to the weight's dot-product type, F16 or BF16 itself: a KV cache in F16 times F32 queries "
+     "multiplies F16-rounded queries); then products of the exact values, summed in at least float32.")
 define("OUT_PROD", Op.OUT_PROD, QAB, _out_prod_rule,
        "out[i,j] = sum_t a[i,t] b[j,t]; a's dims 2,3 broadcast blockwise", nmse=5e-4)
 spec("OUT_PROD", "F32 [a.ne0, b.ne0, b.ne2, b.ne3]; a.ne1 = b.ne1 (the summed dim t); a's dims 2, 3 divide "
@@ -1056,8 +1058,11 @@ UNARY_DOCS = {
     UnaryOp.ABS: "|x|", UnaryOp.SGN: "sign(x), 0 at 0", UnaryOp.NEG: "-x", UnaryOp.STEP: "1 if x > 0 else 0",
     UnaryOp.TANH: "tanh(x)", UnaryOp.ELU: "x if x > 0 else expm1(x)", UnaryOp.RELU: "max(x, 0)",
     UnaryOp.SIGMOID: "1 / (1 + exp(-x))",
-    UnaryOp.GELU: "0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))",
-    UnaryOp.GELU_QUICK: "x * sigmoid(1.702 x)", UnaryOp.SILU: "x * sigmoid(x)",
+    UnaryOp.GELU: "0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) read from ggml's F16 table: 0 for "
+                  "x <= -10, x for x >= 10, else the table entry of f16(x) (the function in float32, rounded "
+                  "to F16)",
+    UnaryOp.GELU_QUICK: "x * sigmoid(1.702 x) read from ggml's F16 table at f16(x) (no clamp)",
+    UnaryOp.SILU: "x * sigmoid(x)",
     UnaryOp.HARDSWISH: "x * clamp((x + 3) / 6, 0, 1)", UnaryOp.HARDSIGMOID: "clamp((x + 3) / 6, 0, 1)",
     UnaryOp.EXP: "exp(x)", UnaryOp.EXPM1: "exp(x) - 1", UnaryOp.SOFTPLUS: "x if x > 20 else ln(1 + exp(x))",
     UnaryOp.GELU_ERF: "0.5 x (1 + erf(x / sqrt(2)))",
@@ -1074,14 +1079,19 @@ for _u in UnaryOp:
            grad={"a": IGNORE} if _u.name in PIECEWISE_CONSTANT else {"a": _G[_u.name]} if _u.name in _G else {},
            nograd="" if _u.name in _G or _u.name in PIECEWISE_CONSTANT else "derivative rule not written yet")
 # Worked examples of the unary sub-ops (values from the formulas by hand, 8 digits) and what their C
-# expressions give for NaN and signed zeros (comparisons with NaN are false).
+# expressions give for NaN and signed zeros (comparisons with NaN are false). GELU and GELU_QUICK: the
+# formula at x (exactly an F16 value here), rounded to the F16 grid by hand: gelu(-2) = -0.0454023 is
+# -1487.74 steps of 2^-15, so -1488 * 2^-15; gelu(-0.5) = -0.1542860 -> -1264 * 2^-13; gelu(1.5) =
+# 1.3995716 -> 1433 * 2^-10; quick: -0.0643414 -> -1054 * 2^-14, -0.1496116 -> -1226 * 2^-13,
+# 1.3916622 -> 1425 * 2^-10 (none within 0.05 steps of a tie, where float32 evaluation could matter).
 _ROUNDING_X = (-2.5, -0.5, 0.4, 1.5)
 UNARY_EXAMPLES = {
     "ABS": (2.0, 0.5, 0.0, 1.5), "SGN": (-1.0, -1.0, 0.0, 1.0), "NEG": (2.0, 0.5, -0.0, -1.5),
     "STEP": (0.0, 0.0, 0.0, 1.0), "TANH": (-0.96402758, -0.46211716, 0.0, 0.90514825),
     "ELU": (-0.86466472, -0.39346934, 0.0, 1.5), "RELU": (0.0, 0.0, 0.0, 1.5),
-    "SIGMOID": (0.11920292, 0.37754067, 0.5, 0.81757448), "GELU": (-0.045402306, -0.15428599, 0.0, 1.3995716),
-    "GELU_QUICK": (-0.064341377, -0.14961156, 0.0, 1.3916622), "SILU": (-0.23840584, -0.18877033, 0.0, 1.2263617),
+    "SIGMOID": (0.11920292, 0.37754067, 0.5, 0.81757448), "GELU": (-0.04541015625, -0.154296875, 0.0, 1.3994140625),
+    "GELU_QUICK": (-0.0643310546875, -0.149658203125, 0.0, 1.3916015625),
+    "SILU": (-0.23840584, -0.18877033, 0.0, 1.2263617),
     "HARDSWISH": (-0.33333333, -0.20833333, 0.0, 1.125), "HARDSIGMOID": (0.16666667, 0.41666667, 0.5, 0.75),
     "EXP": (0.13533528, 0.60653066, 1.0, 4.4816891), "EXPM1": (-0.86466472, -0.39346934, 0.0, 3.4816891),
     "SOFTPLUS": (0.12692801, 0.47407698, 0.69314718, 1.7014133),
@@ -1144,9 +1154,11 @@ spec("OPT_STEP_SGD", "the result is a (updated in place); a a parameter; grad of
 
 
 GLU_DOCS = {
-    GluOp.REGLU: "relu(x) * g", GluOp.GEGLU: "gelu(x) * g (tanh approximation)", GluOp.SWIGLU: "silu(x) * g",
+    GluOp.REGLU: "relu(x) * g", GluOp.SWIGLU: "silu(x) * g",
+    GluOp.GEGLU: "gelu(x) * g, gelu as the GELU op (ggml's F16 table; x <= -10 gives 0 whatever g is)",
     GluOp.SWIGLU_OAI: "x' sigmoid(alpha x') (g' + 1), x' = min(x, limit), g' = clamp(g, -limit, limit)",
-    GluOp.GEGLU_ERF: "gelu_erf(x) * g", GluOp.GEGLU_QUICK: "x sigmoid(1.702 x) * g",
+    GluOp.GEGLU_ERF: "gelu_erf(x) * g",
+    GluOp.GEGLU_QUICK: "gelu_quick(x) * g, gelu_quick as the GELU_QUICK op (ggml's F16 table)",
 }
 GLU_SRCS = (Src("a", FLOATS), Src("b", FLOATS, True))
 GLU_SWAPPED = (Param("swapped", bool, False, doc="unsplit form: x is the second half of each row"),)
@@ -1157,9 +1169,11 @@ for _g in GluOp:
            sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()),
            grad={"a": _glu_split_only("a"), "b": _glu_split_only("b")} if _g == GluOp.SWIGLU else {},
            nograd="" if _g == GluOp.SWIGLU else "derivative rule not written yet (ggml has SWIGLU only)")
-GLU_EXAMPLES = {"REGLU": (0.0, 1.0), "GEGLU": (-0.47642403, 0.97729885), "SWIGLU": (-0.80682426, 0.88079708),
+# GEGLU, GEGLU_QUICK: F16-rounded gelu(-1) = -0.1588080 -> -1301 * 2^-13 and gelu(2) = 1.9545977 -> 2002 * 2^-10
+# (2001.51 steps: 0.01 from a tie, far beyond float32's error), times g; quick: -1263 * 2^-13, 1982 * 2^-10
+GLU_EXAMPLES = {"REGLU": (0.0, 1.0), "GEGLU": (-0.4764404296875, 0.9775390625), "SWIGLU": (-0.80682426, 0.88079708),
                 "SWIGLU_OAI": (-0.38551059, 2.0874933), "GEGLU_ERF": (-0.47596576, 0.97724987),
-                "GEGLU_QUICK": (-0.4626127, 0.96782931)}
+                "GEGLU_QUICK": (-0.4625244140625, 0.9677734375)}
 for _g in GluOp:
     spec(_g.name, "a's type; split form: [a.ne0 / 2, ne1, ne2, ne3] (a.ne0 even); with b: a's shape (b of a's "
          "shape and type); a (and b) contiguous apart from the row stride", IEEE_SPECIAL,

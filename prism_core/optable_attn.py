@@ -198,7 +198,8 @@ spec("MUL_MAT_ID", "F32 [as.ne1, n_used, n_tokens, 1] for as [K, M, n_experts], 
      ex((5.0, -6.0, 17.0, 39.0), **{"as": f32((2, 2, 2), 1, 2, 3, 4, 1, 0, 0, -1)}, b=f32((2,), 5, 6),
         ids=(I32, (2,), (1, 0)),
         note="token 0 uses expert 1 (rows [1, 0], [0, -1]) then expert 0 (rows [1, 2], [3, 4])"),
-     "out[m, e, t] = sum_k as[k, m, ids[e, t]] * b[k, e mod b.ne1, t]")
+     "out[m, e, t] = sum_k as[k, m, ids[e, t]] * b[k, e mod b.ne1, t]; an F16/BF16 as takes an F32 b rounded to "
+     "its type first, as MUL_MAT")
 
 
 def _set_rows_rule(d, s, p):

@@ -11,6 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .types import GGMLType
+
+
+def mul_mat_b_rounding(a: GGMLType, b: GGMLType) -> GGMLType | None:
+    """The type whose values an F32 ``b`` of MUL_MAT/MUL_MAT_ID(a, b) takes before the products, or None:
+    ggml's CPU converts b to a's ``vec_dot_type``, which for F16 and BF16 weights is their own type
+    (an F16 KV cache times F32 queries multiplies F16-rounded queries). Block types' partners
+    (Q8_0/Q8_K...) are the backends' concern: the reference stays exact there."""
+    return a if a in (GGMLType.F16, GGMLType.BF16) and b == GGMLType.F32 else None
+
 
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     """Per-head ALiBi slopes as ggml computes them (float64; all 1 when max_bias is 0):

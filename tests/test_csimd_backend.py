@@ -161,7 +161,8 @@ def test_mul_mat_matches_numpy(n, k, m):
                                         (200, 31, 1, ""), (3, 50, 70, "b"), (90, 20, 5, "b"), (100, 70, 90, "ab")])
 def test_mul_mat_narrow_a_and_half_operands_match_numpy(n, k, m, half):
     """a with fewer rows than the micro-tile is wide (operands swapped, result written transposed);
-    F16 operands ("a", "b" or both) are converted exactly while packed."""
+    F16 operands ("a", "b" or both) are converted exactly while packed; an F32 b meeting an F16 a is
+    rounded to F16 first (ggml's CPU converts b to the weight's vec_dot_type)."""
     _need_available()
     rng = np.random.default_rng(n + k + m)
     a = rng.standard_normal((m, k)).astype(np.float16 if "a" in half else np.float32)
@@ -170,7 +171,8 @@ def test_mul_mat_narrow_a_and_half_operands_match_numpy(n, k, m, half):
     ta, tb = (_half_or_plain(ctx, x) for x in (a, b))
     y = pc.mul_mat(ta, tb)
     pc.compute(y, "csimd", strict=True)
-    ref = b.astype(np.float64) @ a.astype(np.float64).T
+    b_seen = b.astype(np.float16) if half == "a" else b
+    ref = b_seen.astype(np.float64) @ a.astype(np.float64).T
     np.testing.assert_allclose(y.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
@@ -250,7 +252,8 @@ cases = []
 for n, k, m, f16 in [(130, 1000, 200, 0), (97, 64, 1037, 0), (7100, 300, 40, 0), (100, 500, 300, 1)]:
     a = rng.standard_normal((m, k)).astype(np.float16 if f16 else np.float32)
     b = rng.standard_normal((n, k)).astype(np.float32)
-    ref = b.astype(np.float64) @ a.astype(np.float64).T
+    b_seen = b.astype(np.float16) if f16 else b  # an F16 a's product takes b rounded to F16 (ggml's CPU)
+    ref = b_seen.astype(np.float64) @ a.astype(np.float64).T
     cases.append((f"mul_mat {n}x{k}x{m}", lambda c, a=a, b=b, f16=f16: pc.mul_mat(
         half(c, a) if f16 else c.from_numpy(a), c.from_numpy(b)), ref, k))
 # out_prod(a [m, k], b [n, k]) = b^T a: both operands packed from transposed rows

@@ -25,8 +25,11 @@ import importlib.util
 import os
 import sys
 
+import numpy as np
+
 import prism_core
 from prism_core import Tensor
+from prism_core.gelu_tables import gelu_f16_table, gelu_quick_f16_table
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
@@ -39,7 +42,7 @@ ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 ISA_NAMES = ("scalar", "avx2", "avx512")
-ABI_VERSION = 3  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+ABI_VERSION = 4  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
@@ -47,7 +50,8 @@ _loaded: dict[str, object] = {}
 REQUIRED_FUNCTIONS = (
     "csimd_abi_version", "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
     "csimd_binary",
-    "csimd_unary", "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
+    "csimd_unary", "csimd_set_gelu_tables",
+    "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
     "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
     "csimd_diag_mask", "csimd_get_rows_back", "csimd_out_prod", "csimd_glu", "csimd_index_map", "csimd_arange",
     "csimd_argmax", "csimd_xielu", "csimd_timestep_embedding", "csimd_group_norm",
@@ -130,6 +134,11 @@ def _setup() -> tuple[bool, str]:
         sw = serial_work()
     except ValueError as e:
         return False, str(e)
+    tables = (np.ascontiguousarray(gelu_f16_table(), np.float32),
+              np.ascontiguousarray(gelu_quick_f16_table(), np.float32))
+    if lib.csimd_set_gelu_tables(*(ffi.cast("const float *", ffi.from_buffer(t)) for t in tables)) != 0:
+        return False, "the C extension refused the GELU tables"
+    _loaded["gelu_tables"] = tables  # the C side keeps pointers into them
     cores = max(1, int(lib.csimd_max_threads()))
     threads = 1 if not lib.csimd_has_openmp() else (cores if n is None else n)
     _k._state.update(ffi=ffi, lib=lib, threads=threads, serial_work=sw, isa=ISA_NAMES[want])

@@ -27,6 +27,7 @@ from numba.core.errors import NumbaError
 from numba.extending import intrinsic, overload
 
 from prism_core.errors import Unsupported
+from prism_core.gelu_tables import GELU_CLAMP, gelu_f16_table, gelu_quick_f16_table
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 
@@ -34,6 +35,9 @@ _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 BF16_LUT = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
 NO_LUT = np.zeros(1, np.float32)  # passed for float32 arrays (never read)
+# ggml's CPU GELU and quick GELU: tables indexed by the F16 bits of the input (prism_core.gelu_tables)
+GELU_F16 = np.array(gelu_f16_table())
+GELU_QUICK_F16 = np.array(gelu_quick_f16_table())
 DUMMY = np.zeros((1, 1, 1, 1), np.float32)  # an absent optional source
 DUMMY16 = np.zeros((1, 1, 1, 1), np.uint16)  # an absent optional F16 source
 
@@ -175,10 +179,14 @@ def unary_value(op, x, p0, p1, p2, p3):
         return x if x > 0 else 0.0  # ggml: NaN and -0.0 give +0.0
     if op == 7:  # SIGMOID
         return _sigmoid(x)
-    if op == 8:  # GELU (tanh approximation)
-        return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)))
-    if op == 9:  # GELU_QUICK
-        return x * _sigmoid(1.702 * x)
+    if op == 8:  # GELU (tanh approximation): ggml's F16 table within (-10, 10)
+        if x <= -GELU_CLAMP:
+            return 0.0
+        if x >= GELU_CLAMP:
+            return x
+        return np.float64(GELU_F16[f2h(x)])
+    if op == 9:  # GELU_QUICK: ggml's F16 table
+        return np.float64(GELU_QUICK_F16[f2h(x)])
     if op == 10:  # SILU
         return x * _sigmoid(x)
     if op == 11:  # HARDSWISH
@@ -619,6 +627,8 @@ def glu(a, la, b, lb, o, kind, op, split, swapped, alpha, limit):
                 xc = limit if limit < x else x  # std::min(x, limit): NaN stays NaN
                 gc = -limit if g < -limit else (limit if limit < g else g)  # std::clamp
                 v = xc * _sigmoid(alpha * xc) * (gc + 1.0)
+            elif op == 8 and x <= -GELU_CLAMP:  # GEGLU: ggml gives 0 whatever g is
+                v = 0.0
             else:
                 v = unary_value(op, x, 0.0, 0.0, 0.0, 0.0) * g
             st(o, kind, i3, i2, i1, i0, v)

@@ -160,7 +160,8 @@ def binary_stream(a, b, o, op):
 def unary_flat(x, o, op, p0, p1, p2, p3):
     """F32 o = op(x) on flat contiguous arrays (codes: kernels.UNARY_CODES), float64 inside.
     The ops without a library call get a loop each with the op code a constant, so that the
-    code's branches fold away and the loop vectorises."""
+    code's branches fold away and the loop vectorises. (GELU and GELU_QUICK read ggml's F16
+    tables inside unary_value: a change there needs this module's cache rebuilt too.)"""
     n = o.shape[0]
     if op == 0:
         for i in prange(n):

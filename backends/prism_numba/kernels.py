@@ -18,7 +18,7 @@ import numpy as np
 from prism_core import GluOp, SortOrder, Tensor, UnaryOp
 from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument
-from prism_core.semantics import alibi_slopes
+from prism_core.semantics import alibi_slopes, mul_mat_b_rounding
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
 TABLE = KernelTable()
@@ -390,10 +390,21 @@ def f32_operand(t: Tensor) -> np.ndarray:
     return out
 
 
+def rounded_operand(t: Tensor, to) -> np.ndarray:
+    """F32 t's values rounded to F16/BF16 ``to`` and back, in a new float32 buffer (two compiled copies)."""
+    j = _jit()
+    bits = np.empty(tuple(reversed(t.ne)), np.uint16)
+    _run("cpy", t.host(), j.NO_LUT, bits, 2 if to == BF16 else 1, 0, 1)
+    out = np.empty(bits.shape, np.float32)
+    _run("cpy", bits, j.BF16_LUT if to == BF16 else j.F16_LUT, out, 1, 0, 1)
+    return out
+
+
 @kernel((FLOATS, FLOATS), ONLY_F32, "MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
-    a = n.src[0]
-    _run("mul_mat", arr(a), lut(a), f32_operand(n.src[1]), arr(n))
+    a, b = n.src[0], n.src[1]
+    to = mul_mat_b_rounding(a.type, b.type)  # ggml's CPU: an F16/BF16 a's products take b in a's type
+    _run("mul_mat", arr(a), lut(a), f32_operand(b) if to is None else rounded_operand(b, to), arr(n))
 
 
 @kernel((FLOATS, FLOATS), ONLY_F32, "OUT_PROD")

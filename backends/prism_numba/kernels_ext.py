@@ -13,10 +13,10 @@ import numpy as np
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
 from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import alibi_slopes, rope_tables, upscale_tables
+from prism_core.semantics import alibi_slopes, mul_mat_b_rounding, rope_tables, upscale_tables
 from prism_core.types import F16, F32, I32, I64
 
-from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut
+from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut, rounded_operand
 
 F32_F16 = frozenset({F32, F16})
 
@@ -59,7 +59,11 @@ def _mul_mat_id(n: Tensor) -> None:
     idh = ids.host()
     if idh.size and (idh.min() < 0 or idh.max() >= w.ne[2]):
         raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.ne[2]})")
-    _run("mul_mat_id", arr(w), lut(w), arr(b), lut(b), idh, arr(n))
+    to = mul_mat_b_rounding(w.type, b.type)  # ggml's CPU: an F16/BF16 w's products take b in w's type
+    if to is None:
+        _run("mul_mat_id", arr(w), lut(w), arr(b), lut(b), idh, arr(n))
+    else:
+        _run("mul_mat_id", arr(w), lut(w), rounded_operand(b, to), _jit().NO_LUT, idh, arr(n))
 
 
 @kernel((F32_F16, frozenset({I32, I64}), FLOATS), FLOATS, "SET_ROWS", reads_values=True)

@@ -14,7 +14,8 @@ import numpy as np
 
 from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
-from prism_core.semantics import alibi_slopes
+from prism_core.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
+from prism_core.semantics import alibi_slopes, mul_mat_b_rounding
 from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
@@ -170,10 +171,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
-def _gelu(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
-
-
 def _xielu(x: np.ndarray, p) -> np.ndarray:
     an = p["beta"] + _softplus(np.float64(p["alpha_n"]))
     ap = _softplus(np.float64(p["alpha_p"]))
@@ -186,8 +183,8 @@ _UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     U.ABS.name: np.abs, U.SGN.name: _sgn, U.NEG.name: np.negative,
     U.STEP.name: lambda x: (x > 0).astype(np.float64), U.TANH.name: np.tanh,
     U.ELU.name: lambda x: np.where(x > 0, x, np.expm1(np.where(x > 0, 0.0, x))),
-    U.RELU.name: _relu, U.SIGMOID.name: _sigmoid, U.GELU.name: _gelu,
-    U.GELU_QUICK.name: lambda x: x * _sigmoid(1.702 * x), U.SILU.name: lambda x: x * _sigmoid(x),
+    U.RELU.name: _relu, U.SIGMOID.name: _sigmoid, U.GELU.name: apply_gelu,  # ggml's F16 tables
+    U.GELU_QUICK.name: apply_gelu_quick, U.SILU.name: lambda x: x * _sigmoid(x),
     U.HARDSWISH.name: lambda x: x * _hardsigmoid(x),
     U.HARDSIGMOID.name: _hardsigmoid,
     U.EXP.name: np.exp, U.EXPM1.name: np.expm1, U.SOFTPLUS.name: _softplus,
@@ -335,9 +332,16 @@ def val_rows(t: Tensor, lo: int, hi: int) -> np.ndarray:
 MUL_MAT_CHUNK = 1 << 22  # elements of a converted to float64 at a time (32 MiB)
 
 
+def mul_mat_b(n: Tensor) -> np.ndarray:
+    """MUL_MAT/MUL_MAT_ID's b as the products see it: rounded to an F16/BF16 a's type (ggml's CPU)."""
+    b = val(n.src[1])
+    t = mul_mat_b_rounding(n.src[0].type, n.src[1].type)
+    return b if t is None else to_f32(from_f32(b, t), t).astype(np.float64)
+
+
 @kernel("MUL_MAT")
 def _mul_mat(n: Tensor) -> None:
-    a, b = n.src[0], val(n.src[1])  # a (A3, A2, M, K), b (B3, B2, N, K)
+    a, b = n.src[0], mul_mat_b(n)  # a (A3, A2, M, K), b (B3, B2, N, K)
     out = np.empty((*b.shape[:3], a.ne[1]))
     rows = max(1, MUL_MAT_CHUNK // max(1, a.ne[0] * a.ne[2] * a.ne[3]))
     for lo in range(0, a.ne[1], rows):
@@ -545,7 +549,7 @@ def _group_norm(n: Tensor) -> None:
 
 # ---------------------------------------------------------------- gated linear units
 _GLU_ACT: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "REGLU": _UNARY[U.RELU.name], "GEGLU": _gelu, "SWIGLU": _UNARY[U.SILU.name],
+    "REGLU": _UNARY[U.RELU.name], "GEGLU": apply_gelu, "SWIGLU": _UNARY[U.SILU.name],
     "GEGLU_ERF": _UNARY[U.GELU_ERF.name], "GEGLU_QUICK": _UNARY[U.GELU_QUICK.name],
 }
 
@@ -568,6 +572,8 @@ def _glu(n: Tensor) -> None:
             xc = np.where(limit < x, limit, x)  # std::min(x, limit) and std::clamp(g, -limit, limit), as
             gc = np.where(g < -limit, -limit, np.where(limit < g, limit, g))  # ggml: NaN and zero signs kept
             store(n, xc * _sigmoid(n.params["alpha"] * xc) * (gc + 1.0))
+        elif key == "GEGLU":  # ggml: 0 below the table's range, whatever g is
+            store(n, np.where(x <= -GELU_CLAMP, 0.0, apply_gelu(x) * g))
         else:
             store(n, _GLU_ACT[key](x) * g)
 

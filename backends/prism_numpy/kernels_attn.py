@@ -9,7 +9,7 @@ from prism_core.errors import InvalidArgument
 from prism_core.semantics import RopeTables, alibi_slopes, rope_tables
 from prism_core.types import from_f32
 
-from .kernels import elements, f32_round, kernel, store, val
+from .kernels import elements, f32_round, kernel, mul_mat_b, store, val
 
 
 def rope_angles(n: Tensor, t: RopeTables) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +75,7 @@ def _flash_attn_ext(n: Tensor) -> None:
 
 @kernel("MUL_MAT_ID")
 def _mul_mat_id(n: Tensor) -> None:
-    w, b = val(n.src[0])[0], val(n.src[1])[0]  # (n_exp, M, K), (n_tok, n_b, K)
+    w, b = val(n.src[0])[0], mul_mat_b(n)[0]  # (n_exp, M, K), (n_tok, n_b, K)
     ids = n.src[2].host()[0, 0]  # (n_tok, n_used)
     if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
         raise InvalidArgument(f"MUL_MAT_ID: expert id out of range [0, {w.shape[0]})")

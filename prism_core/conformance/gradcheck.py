@@ -88,6 +88,10 @@ UNARY_GRAD = {  # key -> (lo, hi, kinks)
 }
 UNARY_GRAD_PARAMS = {"SCALE": {"s": 0.75, "b": 0.25}, "CLAMP": {"min": -0.5, "max": 0.5},
                      "LEAKY_RELU": {"negative_slope": 0.1}}
+# GELU and GELU_QUICK read F16 tables (ggml's CPU semantics): the forward steps by an F16 ulp (about
+# 5e-4 relative), so a difference quotient over 1e-2 would measure the steps; over 0.25 they average
+# out and the four-point formula's truncation error (h^4) stays far below the bound.
+UNARY_GRAD_H = {"GELU": 0.25, "GELU_QUICK": 0.25}
 
 
 @grad_family(*(k for k, d in OPS.items() if d.family == "unary" and d.differentiable))
@@ -97,7 +101,7 @@ def unary_grad(d: OpDef) -> Iterator[GradCase]:
         def build(c, r, ne=ne):
             a = param(c, r, ne, lo, hi, kinks)
             return B.node(d.key, a, **UNARY_GRAD_PARAMS.get(d.key, {})), [a]
-        yield GradCase(d.key, f"ne={list(ne)}", build)
+        yield GradCase(d.key, f"ne={list(ne)}", build, h=UNARY_GRAD_H.get(d.key, DEFAULT_H))
 
 
 @grad_family("ADD", "SUB", "MUL", "DIV")

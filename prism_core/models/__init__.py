@@ -17,17 +17,19 @@ from .sampling import Sampler
 MODEL_CONTEXT_BYTES = 1 << 40  # a budget, not an allocation: cache, inputs and planned results count against it
 
 
-def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_batch: int = 512) -> Model:
+def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_batch: int = 512,
+         flash_attn: bool = False) -> Model:
     """A model from a GGUF file (memory-mapped; weights stay as stored), or from a known name such as
     ``"gemma3-270m"`` (see :mod:`prism_core.models.catalog`). ``backend``: a name, a Backend or None
-    (the best available)."""
+    (the best available). ``flash_attn``: fused attention (FLASH_ATTN_EXT, faster decoding) instead of
+    llama.cpp's default unfused products, whose F16 roundings Prism then shares."""
     from ..context import Context
     from ..gguf import load as load_gguf
     from .catalog import resolve
     f = load_gguf(resolve(model), ctx=Context(MODEL_CONTEXT_BYTES))
     try:
         return Model(f.tensors, f.meta, backend=backend, n_ctx=n_ctx, cache_type=cache_type, n_batch=n_batch,
-                     source=f)
+                     source=f, flash_attn=flash_attn)
     except BaseException:
         f.close()
         raise

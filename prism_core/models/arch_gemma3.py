@@ -1,7 +1,8 @@
 """Gemma 3 (details: shared/reference/gemma3.md): embeddings times sqrt(n_embd); four RMS norms per
 layer whose stored weights already hold Gemma's +1; per-head q/k RMS norms; NEOX RoPE with base
 10000 on sliding-window layers and rope.freq_base (1e6) on the global ones (every 6th layer);
-window 512; GeGLU with the tanh GELU; the output head tied to the token embeddings."""
+window 512; GeGLU with the tanh GELU; the output head tied to the token embeddings; the roped
+queries scaled by 1/sqrt(head_dim) before the attention (llama.cpp's order)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def hparams(meta, n_vocab):
 def layer(hp, w, il, x, step, cache):
     e = hp.n_embd
     h = rms_norm(x, w.layer(il, "attn_norm.weight", (e,)), hp.eps)
-    a = attention(hp, w, il, h, step, cache, qk_norm=True)
+    a = attention(hp, w, il, h, step, cache, qk_norm=True, scale_queries=True)
     x = B.add(x, rms_norm(a, w.layer(il, "post_attention_norm.weight", (e,)), hp.eps))
     h = rms_norm(x, w.layer(il, "ffn_norm.weight", (e,)), hp.eps)
     f = feed_forward(hp, w, il, h, "gelu")

@@ -33,6 +33,7 @@ class Step:
     out_rows: Tensor  # I32 [n_out]: the positions (of the new tokens) whose logits are wanted
     n_kv: int
     n_kv_swa: int
+    flash_attn: bool = False  # FLASH_ATTN_EXT instead of llama.cpp's default unfused attention
 
 
 class Weights:
@@ -71,10 +72,12 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def attention(hp: HParams, w: Weights, il: int, h: Tensor, step: Step, cache: KVCache, *,
-              qk_norm: bool = False, biases: bool = False) -> Tensor:
+              qk_norm: bool = False, biases: bool = False, scale_queries: bool = False) -> Tensor:
     """Self-attention of the new tokens over the cache: projections, optional per-head q/k RMS
-    norms, RoPE, the cache write (SET_ROWS), fused attention with the causal (or sliding-window)
-    mask and grouped-query heads, and the output projection."""
+    norms, RoPE, the cache write (SET_ROWS), attention with the causal (or sliding-window) mask and
+    grouped-query heads, and the output projection. ``scale_queries``: the KQ scale multiplies the
+    roped queries (llama.cpp's Gemma graph) instead of the scores in the softmax (its others): the
+    queries' F16 rounding comes after the scale then, which matters when it is not a power of 2."""
     n_tok = h.ne[1]
     d, dv, nh, nkv = hp.head_dim, hp.head_dim_v, hp.n_head, hp.n_head_kv
     e = hp.n_embd
@@ -92,19 +95,36 @@ def attention(hp: HParams, w: Weights, il: int, h: Tensor, step: Step, cache: KV
             "beta_fast": 32.0, "beta_slow": 1.0}
     q = rope_ext(q, step.pos, None, **rope)
     k = rope_ext(k, step.pos, None, **rope)
+    kq_scale = hp.attn_scale
+    if scale_queries:
+        q, kq_scale = B.scale(q, hp.attn_scale), 1.0
 
     cells, n_kv = (step.cells_swa, step.n_kv_swa) if swa else (step.cells, step.n_kv)
     kc = set_rows(cache.k[il], B.reshape(k, (d * nkv, n_tok)), cells)
     vc = set_rows(cache.v[il], v, cells)
     kv = B.view_3d(kc, d, n_kv, nkv, kc.nb[1], kc.nb[1] // nkv)
     vv = B.view_3d(vc, dv, n_kv, nkv, vc.nb[1], vc.nb[1] // nkv)
-    if kv.traits.is_quantized:  # fused attention reads f32/f16/bf16 K and V
+    if kv.traits.is_quantized:  # the products below read F32/F16 K and V
         kv = B.cpy(kv, h.ctx.new_tensor(F32, kv.ne))
         vv = B.cpy(vv, h.ctx.new_tensor(F32, vv.ne))
     mask = step.mask_swa if swa else step.mask
-    out = flash_attn_ext(B.permute(q, 0, 2, 1, 3), kv, vv, mask, scale=hp.attn_scale)  # [dv, nh, n_tok]
+    qp = B.permute(q, 0, 2, 1, 3)
+    out = flash_attn_ext(qp, kv, vv, mask, scale=kq_scale) if step.flash_attn else attend(qp, kv, vv, mask, kq_scale)
     out = B.reshape(out, (dv * nh, n_tok))
     return linear(out, w.layer(il, "attn_output.weight", (dv * nh, e)), bias("attn_output", e) if biases else None)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(scale q k^T + mask) v for q [d, n_tok, nh], k [d, n_kv, nkv], v [dv, n_kv, nkv] (query
+    head h reads kv head h / (nh / nkv)) -> [dv, nh, n_tok]. Unfused, as llama.cpp's graph without
+    flash attention (its default in llama-cpp-python): k q and v^T softmax are MUL_MATs, so with the
+    F16 cache the queries and the attention weights are rounded to F16 before the products, as there,
+    and the softmax is SOFT_MAX's. (FLASH_ATTN_EXT, ``Model(flash_attn=True)``, keeps them in float32:
+    2e-4 relative apart, and decodes about 1.2x faster on csimd.)"""
+    kq = B.mul_mat(k, q)  # [n_kv, n_tok, nh]
+    kq = B.soft_max_ext(kq, mask, scale)
+    kqv = B.mul_mat(B.cont(B.transpose(v)), kq)  # [dv, n_tok, nh]
+    return B.cont(B.permute(kqv, 0, 2, 1, 3))
 
 
 def feed_forward(hp: HParams, w: Weights, il: int, h: Tensor, act: str) -> Tensor:

@@ -75,7 +75,7 @@ class Model:
 
     def __init__(self, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], *, backend: Backend | str | None = None,
                  n_ctx: int | None = None, cache_type: GGMLType | str = F16, n_batch: int = 512, tokenizer: Any = None,
-                 source: Any = None) -> None:
+                 source: Any = None, flash_attn: bool = False) -> None:
         self.arch = arch_for(meta)
         self.meta = meta
         embd = tensors.get("token_embd.weight")
@@ -95,6 +95,9 @@ class Model:
         self.ctx = embd.ctx
         self.cache = KVCache(self.ctx, hp, n_ctx, cache_type, n_batch)
         self.n_batch = n_batch
+        if not isinstance(flash_attn, bool):
+            raise InvalidArgument(f"flash_attn must be a bool, got {flash_attn!r}")
+        self.flash_attn = flash_attn  # FLASH_ATTN_EXT; off: llama.cpp's default unfused attention (its rounding)
         self.workspace = Workspace()  # one compute graph runs at a time: every plan's scratch in one buffer
         self.backend = select_backend(backend) if not isinstance(backend, Backend) else backend
         self._tokenizer = tokenizer
@@ -113,7 +116,8 @@ class Model:
                         mask=ctx.new_tensor(F16, (n_kv, n_tok)).set_input(),
                         cells_swa=ctx.new_tensor(I64, (n_tok,)).set_input() if swa else None,
                         mask_swa=ctx.new_tensor(F16, (n_kv_swa, n_tok)).set_input() if swa else None,
-                        out_rows=ctx.new_tensor(I32, (n_out,)).set_input(), n_kv=n_kv, n_kv_swa=n_kv_swa)
+                        out_rows=ctx.new_tensor(I32, (n_out,)).set_input(), n_kv=n_kv, n_kv_swa=n_kv_swa,
+                        flash_attn=self.flash_attn)
             x = B.get_rows(self.weights.get("token_embd.weight"), step.tokens)
             if hp.embed_scale != 1.0:
                 x = B.scale(x, hp.embed_scale)

@@ -69,6 +69,8 @@ def binary(node: Tensor) -> None:
 def mul_mat(node: Tensor) -> None:
     """out[i3, i2, n, m] = sum_k a[i3 // r3, i2 // r2, m, k] * b[i3, i2, n, k] (NumPy order)."""
     a, b, out = node.src[0].host(), node.src[1].host(), node.host()
+    if node.src[0].type == F16:  # ggml's CPU semantics: an F16 a's products take b rounded to F16
+        b = b.astype(np.float16)
     (a3, a2, m, k), (b3, b2, n, kb) = a.shape, b.shape
     if kb != k or b3 % a3 or b2 % a2 or out.shape != (b3, b2, n, m):
         raise Unsupported(f"{node.label}: unexpected shapes a {a.shape}, b {b.shape}, out {out.shape}")
