@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     r.add_argument("--seed", type=_nonneg_int, default=None)
     r.add_argument("--ctx-size", type=_nonneg_int, default=None, help="context length (default min(2048, trained))")
     r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"))
+    r.add_argument("--no-flash-attn", action="store_true",
+                   help="attend as llama.cpp's default graph (K·q, softmax, V·p) instead of the fused FLASH_ATTN_EXT")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     r.set_defaults(func=cmd_run)
 
@@ -44,7 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
         t0 = time.perf_counter()
-        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type)
+        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
+                     flash_attn=not args.no_flash_attn)
         load_s = time.perf_counter() - t0
         prompt_ids = model.encode(args.prompt)
         ids, pieces, first = [], [], None

@@ -18,11 +18,13 @@ MODEL_CONTEXT_BYTES = 1 << 40  # a budget, not an allocation: cache, inputs and 
 
 
 def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_batch: int = 512,
-         flash_attn: bool = False) -> Model:
+         flash_attn: bool = True) -> Model:
     """A model from a GGUF file (memory-mapped; weights stay as stored), or from a known name such as
     ``"gemma3-270m"`` (see :mod:`prism_core.models.catalog`). ``backend``: a name, a Backend or None
-    (the best available). ``flash_attn``: fused attention (FLASH_ATTN_EXT, faster decoding) instead of
-    llama.cpp's default unfused products, whose F16 roundings Prism then shares."""
+    (the best available). ``flash_attn`` (default): fused attention (FLASH_ATTN_EXT); False: llama.cpp's
+    unfused products (K·q, masked softmax, V·p) with their F16 roundings. On Gemma 3 270M the fused path
+    decodes 1.1-1.4x faster, needs a third less scratch memory, and lands as close to llama.cpp's logits
+    (max 1.9 over the recorded top 64, against 2.2 unfused: both are the noise floor of Q8 activations)."""
     from ..context import Context
     from ..gguf import load as load_gguf
     from .catalog import resolve

@@ -33,7 +33,7 @@ class Step:
     out_rows: Tensor  # I32 [n_out]: the positions (of the new tokens) whose logits are wanted
     n_kv: int
     n_kv_swa: int
-    flash_attn: bool = False  # FLASH_ATTN_EXT instead of llama.cpp's default unfused attention
+    flash_attn: bool = True  # FLASH_ATTN_EXT; False: llama.cpp's unfused attention (K·q, softmax, V·p)
 
 
 class Weights:

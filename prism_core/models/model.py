@@ -75,7 +75,7 @@ class Model:
 
     def __init__(self, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], *, backend: Backend | str | None = None,
                  n_ctx: int | None = None, cache_type: GGMLType | str = F16, n_batch: int = 512, tokenizer: Any = None,
-                 source: Any = None, flash_attn: bool = False) -> None:
+                 source: Any = None, flash_attn: bool = True) -> None:
         self.arch = arch_for(meta)
         self.meta = meta
         embd = tensors.get("token_embd.weight")
