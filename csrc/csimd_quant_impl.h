@@ -636,6 +636,13 @@ QATTR static void FN(q_arow_fill_blocks)(int at, const uint8_t *src, int64_t K, 
     memset(a->q + K, 0, (size_t)(kp - K));
     for (int64_t l = K / 4; l < kp / 4; l++) a->ls[l] = 0.0f;
     FN(q_arow_sums)(a, kp);
+    if (at == Q_Q8_1) /* ggml pairs Q4_1/Q5_1's per-block min with the block's stored F16 s = d * sum, not the
+                         sum of the decoded values: the whole block's s on its first group of 16 (both groups
+                         of a 32-block share the weight's offset) */
+        for (int64_t ib = 0; ib < K / 32; ib++) {
+            a->gsum[2 * ib] = FN(q_h2f)(src + ib * bb + 2);
+            a->gsum[2 * ib + 1] = 0.0f;
+        }
 }
 
 #if ISA_LEVEL == 2

@@ -266,6 +266,18 @@ def _vec_dot(cs, wt: GT, w: np.ndarray, at: GT, a: np.ndarray, k: int, rows: int
     return out
 
 
+def q8_1_sum_correction(w: np.ndarray, t: GT, a: np.ndarray, at: GT, rows_w: int, rows_a: int) -> np.ndarray:
+    """ggml's Q4_1/Q5_1 x Q8_1 dot products pair each weight block's min m with the activation block's
+    stored F16 s = d * sum(q), not with the sum of its decoded values: what that changes in each
+    product of weight row i with activation row j, [rows_a, rows_w] (0 for other pairs)."""
+    if at != GT.Q8_1:
+        return np.zeros((rows_a, rows_w))
+    m = w[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(rows_w, -1)
+    s = a[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(rows_a, -1)
+    decoded = dequant(a, at).astype(np.float64).reshape(rows_a, -1, 32).sum(axis=2)
+    return (s - decoded) @ m.T
+
+
 @pytest.mark.parametrize("t", FORMATS, ids=lambda t: t.name)
 def test_vec_dot_against_float64(cs, isa, t):
     rng = np.random.default_rng(int(t) + 100)
@@ -276,7 +288,7 @@ def test_vec_dot_against_float64(cs, isa, t):
     a = c_quant(cs, x, at, mode=0)
     wf = dequant(w, t).astype(np.float64).reshape(rows, k)
     af = dequant(a, at).astype(np.float64).reshape(rows, k)
-    want = (wf * af).sum(axis=1)
+    want = (wf * af).sum(axis=1) + np.diag(q8_1_sum_correction(w, t, a, at, rows, rows))
     got = _vec_dot(cs, t, w, at, a, k, rows)
     scale = (np.abs(wf) * np.abs(af)).sum(axis=1)
     assert np.all(np.abs(got - want) <= 2e-6 * scale + 1e-30), (got, want)
@@ -319,14 +331,18 @@ def _mul_mat_case(cs, t: GT, K: int, M: int, N: int, w23, b23, nth: int, permute
         b[..., 0, :] = 0.0  # a row of zeros
     got = c_mul_mat(cs, t, w, (K, M, w2, w3), b, nth)
     at = VEC_DOT[t]
-    bq = dequant(c_quant(cs, np.ascontiguousarray(b), at, mode=0), at).astype(np.float64).reshape(b.shape)
+    ab = c_quant(cs, np.ascontiguousarray(b), at, mode=0)
+    bq = dequant(ab, at).astype(np.float64).reshape(b.shape)
+    ab = ab.reshape(b3, b2, N * K // _block(at)[0], -1)
     wf = dequant(w, t).astype(np.float64).reshape(w3, w2, M, K)
+    wb = w.reshape(w3, w2, M * K // be, -1)
     want = np.empty((b3, b2, N, M))
     wabs = np.empty_like(want)
     for i3 in range(b3):
         for i2 in range(b2):
             wm = wf[i3 // (b3 // w3), i2 // (b2 // w2)]
-            want[i3, i2] = bq[i3, i2] @ wm.T
+            want[i3, i2] = bq[i3, i2] @ wm.T + q8_1_sum_correction(
+                wb[i3 // (b3 // w3), i2 // (b2 // w2)], t, ab[i3, i2], at, M, N)
             wabs[i3, i2] = np.abs(bq[i3, i2]) @ np.abs(wm).T
     assert np.all(np.abs(got - want) <= 2e-6 * wabs + 1e-30), np.max(np.abs(got - want) / (wabs + 1e-30))
     assert N == 1 or np.all(got[..., 0, :] == 0.0)

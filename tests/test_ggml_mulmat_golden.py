@@ -36,10 +36,8 @@ SAME_ROUNDING_TERNARY = 8e-7  # TQ1_0, TQ2_0: ggml itself is 5.4e-7 off the floa
 # the magnitude.
 REFERENCE_F64 = 2e-7
 # ggml's x86 Q4_1 and Q5_1 dot products add m_w * s_x with s_x the block's stored fp16 d*sum(q); csimd
-# takes d*sum(q) in float instead: 9e-7..4.2e-6 of the magnitude off here (8e-5 on all-normal rows).
-# test_ggml_output_is_prisms_quantized_activations_product tells the two apart. A real disagreement
-# with ggml, kept visible until fixed.
-CSIMD_Q8_1_SUM = {"q4_1", "q5_1"}
+# does too (5.4e-8..1.8e-7 of the magnitude); taking d*sum(q) in float instead put it 9e-7..4.2e-6 off
+# here (8e-5 on all-normal rows), past SAME_ROUNDING.
 
 
 def _weights(ctx: pc.Context, t: str) -> pc.Tensor:
@@ -170,8 +168,6 @@ def test_backend_matches_ggml(backend, t, n, request):
     got, node = _prism(backend, t, x)
     diff = np.abs(got.astype(np.float64) - want)
     if _quantizes_activations(backend, node):
-        if backend == "csimd" and t in CSIMD_Q8_1_SUM:
-            request.applymarker(pytest.mark.xfail(strict=True, reason="csimd's Q8_1 block sum is not ggml's fp16 one"))
         err = diff / _magnitude(x, wd)
         assert err.max() <= _same_rounding(t), f"{backend} {t} n={n}: {err.max():.2e} of the row magnitude"
     else:
