@@ -267,3 +267,15 @@ def test_sliding_window_layers_keep_a_ring_that_wraps_and_match_the_forward(back
     got = np.concatenate([first, np.stack(rest)])
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
     assert model.workspace.nbytes == max(g.plan.arena_bytes for g in model._graphs.values())
+
+
+def test_a_long_generation_keeps_two_graphs_per_batch_shape(monkeypatch):
+    from prism_core.models import kv_cache
+    monkeypatch.setattr(kv_cache, "KV_PAD", 4)  # a new decode shape every 4 tokens
+    meta, w = tiny("llama", seed=7)
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64)
+    model.logits(IDS[:3])
+    for t in IDS * 2:
+        model.eval([t])
+    decode = [k for k in model._graphs if k[0] == 1]
+    assert decode == [(1, 20, 1), (1, 24, 1)]  # the two most recent; older ones released their memory

@@ -31,6 +31,9 @@ from .sampling import Sampler
 
 DEFAULT_N_CTX = 2048
 MAX_PLANS = 8  # planned graphs kept; the least recently used one releases its memory
+# of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
+# never goes back, so older graphs of its shape only hold their inputs and logits (1 MB each for Gemma)
+MAX_PLANS_PER_BATCH = 2
 # Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                        "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
@@ -135,9 +138,12 @@ class Model:
         key = (n_tok, n_kv, n_out)
         g = self._graphs.get(key)
         if g is None:
-            if len(self._graphs) >= MAX_PLANS:
-                _, old = self._graphs.popitem(last=False)
-                old.plan.release()
+            same = [k for k in self._graphs if k[::2] == key[::2]]  # this batch shape's, least recently used first
+            victims = same[:max(0, len(same) - MAX_PLANS_PER_BATCH + 1)]
+            others = [k for k in self._graphs if k not in victims]
+            victims += others[:max(0, len(others) - MAX_PLANS + 1)]
+            for old in victims:
+                self._graphs.pop(old).plan.release()
             g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
         self._graphs.move_to_end(key)
         return g
