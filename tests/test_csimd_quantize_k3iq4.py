@@ -7,6 +7,7 @@ against ggml's quantize_row_*_ref called through ctypes where PRISM_GGML_BASE_LI
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 from pathlib import Path
 
@@ -95,10 +96,16 @@ def test_as_prism_core_on_random_and_edge_rows(cs, t):
 
 
 def _ggml_base():
+    """ggml's base library: PRISM_GGML_BASE_LIB, else ggml-python's build (the test extra installs it; its
+    reference quantizers have no FMA contraction and reproduce every golden block)."""
     path = os.environ.get("PRISM_GGML_BASE_LIB")
     if not path:
-        pytest.skip("set PRISM_GGML_BASE_LIB to a libggml-base.so built from ggml's sources (without FMA "
-                    "contraction, as ggml's CMake builds it on x86-64) to compare with its reference quantizers")
+        spec = importlib.util.find_spec("ggml")
+        lib = Path(spec.origin).parent / "lib" / "libggml-base.so" if spec and spec.origin else None
+        if lib is None or not lib.exists():
+            pytest.skip("neither PRISM_GGML_BASE_LIB nor ggml-python's libggml-base.so: no ggml library to "
+                        "compare the reference quantizers with (pip install ggml-python)")
+        path = str(lib)
     return ctypes.CDLL(path)
 
 
