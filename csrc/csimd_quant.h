@@ -143,12 +143,21 @@ static void q_quant_q8_0(const float *x, uint8_t *y, int with_sum, int ref) {
     if (with_sum) q_put_f16(y + 2, d * (float)sum);
 }
 
-static void q_quant_q8_k(const float *x, uint8_t *y) {
+/* the element of largest magnitude (the first of equals; NaN never wins, as ggml's `>` scans) and that
+   magnitude */
+static inline float q_signed_absmax(int n, const float *x, float *amax_out) {
     float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < 256; j++) {
-        const float ax = fabsf(x[j]);
-        if (ax > amax) { amax = ax; max = x[j]; }
+    for (int i = 0; i < n; i++) {
+        const float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
     }
+    *amax_out = amax;
+    return max;
+}
+
+static void q_quant_q8_k(const float *x, uint8_t *y) {
+    float amax;
+    const float max = q_signed_absmax(256, x, &amax);
     int8_t *qs = (int8_t *)(y + 4);
     int16_t bs[16];
     if (amax == 0.0f) {
@@ -298,11 +307,8 @@ static void q_quant_tq1_0(const float *x, uint8_t *y) {
 #define Q_GROUP_MAX_EPS 1e-15f
 __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
                                                                                  int8_t *L) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
+    float amax;
+    const float max = q_signed_absmax(n, x, &amax);
     if (amax < Q_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.0f;

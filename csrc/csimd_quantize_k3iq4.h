@@ -17,11 +17,8 @@
    least-squares scale (0 for a group whose largest magnitude is below Q_GROUP_MAX_EPS). */
 __attribute__((optimize("fp-contract=off"))) static float q_make_q3_quants_rmse(int n, int nmax, const float *x,
                                                                                int8_t *L) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
+    float amax;
+    const float max = q_signed_absmax(n, x, &amax);
     if (amax < Q_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.0f;
@@ -138,12 +135,9 @@ static inline int q_iq4_index(float x) {
    *zero is set for a group whose largest magnitude is below Q_GROUP_MAX_EPS (L then untouched). */
 __attribute__((optimize("fp-contract=off"))) static float q_iq4_search(const float *x, int ntry, uint8_t *L,
                                                                       int *zero) {
-    float amax = 0.0f, max = 0.0f, w[32];
-    for (int j = 0; j < 32; j++) {
-        w[j] = x[j] * x[j];
-        const float ax = fabsf(x[j]);
-        if (ax > amax) { amax = ax; max = x[j]; }
-    }
+    float amax, w[32];
+    const float max = q_signed_absmax(32, x, &amax);
+    for (int j = 0; j < 32; j++) w[j] = x[j] * x[j];
     *zero = amax < Q_GROUP_MAX_EPS;
     if (*zero) return 0.0f;
     const float v0 = (float)kvalues_iq4nl[0];

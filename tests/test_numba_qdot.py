@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+import test_numba_quant
 from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 from test_csimd_quant import random_blocks
@@ -23,26 +24,14 @@ import prism_core as pc
 from prism_core.quant import quantize_activations
 from prism_core.types import TRAITS, GGMLType
 
+nb, mode = test_numba_quant.nb, test_numba_quant.mode  # the numba backend and serial/parallel fixtures
+
 INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K)
 try:
     from prism_numba._qvec import VNNI  # the integer path is taken on AVX-512 VNNI CPUs only
 except ImportError:  # numba missing: the fixture skips every test
     VNNI = False
 OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: 128, GT.Q4_K: 0, GT.Q6_K: 32}  # the vector code's byte offsets
-
-
-@pytest.fixture(scope="module")
-def nb():
-    info = next((i for i in pc.backends() if i.name == "numba"), None)
-    if info is None or not info.available:
-        pytest.skip(f"numba unavailable here: {info.reason if info else 'not registered'}")
-    return pc.backend("numba")
-
-
-@pytest.fixture(params=("serial", "parallel"))
-def mode(request, monkeypatch):
-    monkeypatch.setenv("PRISM_NUMBA_SERIAL_WORK", "0" if request.param == "parallel" else str(1 << 40))
-    return request.param
 
 
 def _edge_row(rng: np.random.Generator) -> np.ndarray:

@@ -154,6 +154,3 @@ class TokenIndex(Mapping[str, int]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-
-def as_token_table(texts: Sequence[str]) -> TokenTable:
-    return texts if isinstance(texts, TokenTable) else TokenTable.from_strings(texts)
