@@ -30,7 +30,7 @@ from .kv_cache import KVCache
 from .sampling import Sampler
 
 DEFAULT_N_CTX = 2048
-MAX_PLANS = 8  # planned graphs kept; the least recently used one is discarded
+MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the least recently used one is discarded
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
@@ -186,17 +186,17 @@ class Model:
             g.step.pos.set(np.arange(past, past + n, dtype=np.int32))
             cells, cells_swa = self.cache.cells(n)
             g.step.cells.set(cells)
-            mask, mask_swa = self.cache.masks(n, n_kv)
-            g.step.mask.set(mask.reshape(g.step.mask.shape))
-            if g.step.mask_swa is not None:
+            swa = g.step.mask_swa is not None
+            self.cache.masks(n, n_kv, g.step.mask.host().reshape(n, n_kv),  # straight into the inputs
+                             g.step.mask_swa.host().reshape(n, -1) if swa else None)
+            if swa:
                 g.step.cells_swa.set(cells_swa)
-                g.step.mask_swa.set(mask_swa.reshape(g.step.mask_swa.shape))
             g.step.out_rows.set(rows)
             g.plan.compute()
             self.cache.n_past = past + n
-            if all_logits or last:
-                out.append(g.logits.numpy().reshape(len(rows), -1).astype(np.float32, copy=True))
-        return np.concatenate(out)
+            if all_logits or last:  # one copy out of the workspace, which the next compute reuses
+                out.append(g.logits.host().reshape(len(rows), -1).copy())
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Float32 logits of every position of ``ids`` from an empty cache: shape (len(ids), n_vocab)."""

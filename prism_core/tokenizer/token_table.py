@@ -28,6 +28,7 @@ def _hash32(b: bytes) -> int:
 
 
 _OFFSET_CODES = {"I": np.uint32, "q": np.int64}
+_CHUNK = 8192  # strings per step of reading a GGUF array
 
 
 def _offsets(total: int) -> array:
@@ -63,16 +64,22 @@ class TokenTable(Sequence[str]):
         """GGUF strings (u64 length, then the bytes) from ``start`` of ``buf``, with their ``lengths``
         as the reader found and bounds-checked them: one copy of the texts, without the length prefixes
         and without building a str per token."""
-        lens = np.frombuffer(lengths, _OFFSET_CODES[lengths.typecode]).astype(np.int64)
-        total = int(lens.sum()) + 8 * len(lens)
-        raw = np.frombuffer(buf, np.uint8, total, start)
-        keep = np.ones(total, bool)
-        prefixes = np.cumsum(lens + 8) - lens - 8
-        for k in range(8):
-            keep[prefixes + k] = False
-        starts = _offsets(total)
-        starts.frombytes(np.cumsum(lens).astype(_OFFSET_CODES[starts.typecode]).tobytes())
-        return cls(raw[keep].tobytes(), starts)
+        lens = np.frombuffer(lengths, _OFFSET_CODES[lengths.typecode])
+        parts, pos = [], start
+        for lo in range(0, len(lens), _CHUNK):  # chunk by chunk: no temporary spans the whole array
+            n = lens[lo:lo + _CHUNK].astype(np.int64)
+            span = int(n.sum()) + 8 * len(n)
+            keep = np.ones(span, bool)
+            prefixes = np.cumsum(n + 8) - n - 8
+            for k in range(8):
+                keep[prefixes + k] = False
+            parts.append(np.frombuffer(buf, np.uint8, span, pos)[keep].tobytes())
+            pos += span
+        data = b"".join(parts)
+        del parts
+        starts = _offsets(len(data))
+        starts.frombytes(np.cumsum(lens, dtype=_OFFSET_CODES[starts.typecode]).tobytes())
+        return cls(data, starts)
 
     def __len__(self) -> int:
         return len(self._starts) - 1
