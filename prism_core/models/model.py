@@ -30,9 +30,9 @@ from .kv_cache import KVCache
 from .sampling import Sampler
 
 DEFAULT_N_CTX = 2048
-MAX_PLANS = 8  # planned graphs kept; the least recently used one releases its memory
+MAX_PLANS = 8  # planned graphs kept; the least recently used one is discarded
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
-# never goes back, so older graphs of its shape only hold their inputs and logits (1 MB each for Gemma)
+# never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
 # Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
@@ -71,6 +71,7 @@ class _Graph:
     plan: Plan
     step: Step
     logits: Tensor
+    tensors: list[Tensor]  # every tensor the graph added to the model's context, discarded with it
 
 
 class Model:
@@ -113,6 +114,7 @@ class Model:
     def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         hp, ctx = self.hparams, self.ctx
         swa, n_kv_swa = bool(hp.sliding_window), self.cache.n_kv_ring(n_kv)
+        first = ctx.mark()[0]
         with ctx.transaction():
             step = Step(tokens=ctx.new_tensor(I32, (n_tok,)).set_input(), pos=ctx.new_tensor(I32, (n_tok,)).set_input(),
                         cells=ctx.new_tensor(I64, (n_tok,)).set_input(),
@@ -132,7 +134,10 @@ class Model:
                 logits = B.scale(B.tanh(B.scale(logits, 1.0 / hp.final_softcap)), hp.final_softcap)
             logits.set_output()
             graph = Graph(capacity=64 * hp.n_layer + 64).expand(logits)
-            return _Graph(plan(graph, self.backend, workspace=self.workspace), step, logits)
+            # inputs and logits in the shared workspace too: eval sets the one and copies the other out
+            # around each compute, so no graph holds memory of its own (as llama.cpp's compute buffer)
+            p = plan(graph, self.backend, workspace=self.workspace, io_in_arena=True)
+            return _Graph(p, step, logits, ctx.tensors[first:])
 
     def _graph(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         key = (n_tok, n_kv, n_out)
@@ -143,7 +148,9 @@ class Model:
             others = [k for k in self._graphs if k not in victims]
             victims += others[:max(0, len(others) - MAX_PLANS + 1)]
             for old in victims:
-                self._graphs.pop(old).plan.release()
+                gone = self._graphs.pop(old)
+                gone.plan.release()
+                self.ctx.discard(gone.tensors)
             g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
         self._graphs.move_to_end(key)
         return g
