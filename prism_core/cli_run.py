@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     r.add_argument("--no-flash-attn", action="store_true",
                    help="attend as llama.cpp's default graph (K·q, softmax, V·p) instead of the fused FLASH_ATTN_EXT")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr while the model file is assembled and the backend compiles its "
+                        "kernels, until the first token (default: only when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
 
 
@@ -42,22 +45,26 @@ def _nonneg_int(s: str) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .errors import PrismError
     from .models import Sampler, load
+    from .progress_bars import ProgressBars
     try:
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
-        t0 = time.perf_counter()
-        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
-                     flash_attn=not args.no_flash_attn)
-        load_s = time.perf_counter() - t0
-        prompt_ids = model.encode(args.prompt)
-        ids, pieces, first = [], [], None
-        for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler):
-            first = first if first is not None else time.perf_counter() - t0
-            ids.append(tok.id)
-            pieces.append(tok.text)
-            if not args.json:
-                sys.stdout.write(tok.text)
-                sys.stdout.flush()
+        with ProgressBars(sys.stderr, enabled=args.progress) as bars:
+            t0 = time.perf_counter()
+            model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
+                         flash_attn=not args.no_flash_attn)
+            load_s = time.perf_counter() - t0
+            prompt_ids = model.encode(args.prompt)
+            ids, pieces, first = [], [], None
+            for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler):
+                if first is None:
+                    first = time.perf_counter() - t0
+                    bars.close()  # the text streams from here: no bar line between its pieces
+                ids.append(tok.id)
+                pieces.append(tok.text)
+                if not args.json:
+                    sys.stdout.write(tok.text)
+                    sys.stdout.flush()
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
         return 1
