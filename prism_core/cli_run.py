@@ -69,16 +69,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"prism run: {e}", file=sys.stderr)
         return 1
     t = model.timings
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
+    file_mb = model.source.file_size / 1e6 if model.source is not None else 0.0
     if args.json:
         print(json.dumps({"model": args.model, "backend": model.backend.name, "prompt_ids": prompt_ids, "ids": ids,
                           "text": "".join(pieces), "load_s": load_s, "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
                           "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
-                          "peak_rss_mb": peak_mb}))
+                          "peak_rss_mb": peak_mb, "file_mb": file_mb}))
     else:
         print(file=sys.stdout)
         print(f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
-              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB",
+              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB"
+              + (f" ({peak_mb / file_mb:.2f}x the {file_mb:.0f} MB file)" if file_mb else ""),
               file=sys.stderr)
     return 0
