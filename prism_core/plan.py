@@ -125,8 +125,9 @@ def _greedy_by_size(blocks: list[list[int]]) -> tuple[list[int], int]:
 
 class Workspace:
     """Scratch memory that several plans take turns using. Each plan's arena is the front of one
-    buffer grown to the largest arena; when it grows, every plan on it moves to the new buffer
-    (and its backend prepares its calls again), so the old one is freed. Plans sharing a
+    buffer grown to the largest arena; when it grows, or shrinks because the plan that needed the
+    most was released, every plan on it moves to the new buffer (and its backend prepares its
+    calls again), so the old one is freed. Plans sharing a
     workspace compute one at a time: they hold its lock while computing."""
 
     def __init__(self) -> None:
@@ -151,6 +152,11 @@ class Workspace:
     def _detach(self, p: Plan) -> None:
         with self.lock:
             self._plans = [r for r in self._plans if r() is not None and r() is not p]
+            need = max((r().arena_bytes for r in self._plans), default=0)
+            if need < self.buffer.size:  # the largest plan left: give back what only it needed
+                self.buffer = np.zeros(max(need, 1), dtype=np.uint8)
+                for r in self._plans:
+                    r()._bind_arena(self.buffer, prepare=True)
 
     def __repr__(self) -> str:
         return f"Workspace({self.nbytes} bytes, {len([r for r in self._plans if r() is not None])} plans)"

@@ -316,3 +316,33 @@ def test_masks_written_into_given_arrays_equal_the_returned_ones():
     assert np.isneginf(want).any() and (want == 0).any()
     with pytest.raises(pc.InvalidArgument, match="mask output must be float16"):
         cache.masks(3, n_kv, np.zeros(want.shape, np.float32), out_swa)
+
+
+@pytest.mark.parametrize("n_ids", [2, 9, 10, len(IDS)])
+def test_perplexity_is_the_exp_mean_nll_of_the_forward_batch_by_batch(n_ids):
+    meta, w = tiny("llama", seed=10)
+    ids = (IDS * 2)[:n_ids]
+    z = reference_logits("llama", meta, w, ids)[:-1]
+    logp = z - z.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    want = float(np.exp(-np.mean(logp[np.arange(n_ids - 1), ids[1:]])))
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=4, cache_type="f32")
+    assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(pc.InvalidArgument, match="at least two tokens"):
+        model.perplexity(ids[:1])
+    with pytest.raises(pc.BoundExceeded, match="context"):
+        model.perplexity(list(range(3, 50)) * 2)
+    assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)  # still usable after the refusal
+
+
+def test_a_workspace_gives_back_what_only_a_released_plan_needed():
+    meta, w = tiny("llama", seed=11)
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=8, cache_type="f32")
+    small = model.workspace.nbytes
+    model.logits(IDS[:8])  # every position's logits: the largest arena
+    assert model.workspace.nbytes > small
+    for n in range(1, 5):  # other shapes push the all-logits graph out of the cache
+        model.eval(IDS[:n])
+        model.cache.clear()
+    assert all(k[2] == 1 for k in model._graphs)
+    assert model.workspace.nbytes == max(g.plan.arena_bytes for g in model._graphs.values())

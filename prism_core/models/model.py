@@ -34,6 +34,7 @@ MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the le
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
+PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 # Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
 EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                        "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
@@ -268,10 +269,18 @@ class Model:
         ids = self.encode(text)
         if len(ids) < 2:
             raise InvalidArgument("perplexity needs at least two tokens")
-        z = self.logits(ids)[:-1].astype(np.float64)
-        z -= z.max(axis=1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+        self.cache.n_kv(len(ids))  # refuse a context overflow before any work
+        self.cache.clear()
+        nll = 0.0
+        for lo in range(0, len(ids) - 1, self.n_batch):  # a batch of logits at a time, not (len(ids), n_vocab)
+            z = self.eval(ids[lo:lo + self.n_batch], all_logits=True)
+            nxt = np.asarray(ids[lo + 1:lo + 1 + len(z)])
+            for r in range(0, len(nxt), PERPLEXITY_ROWS):  # float64 a few rows at a time
+                zr = z[r:r + PERPLEXITY_ROWS][:len(nxt) - r].astype(np.float64)
+                m = zr.max(axis=1)
+                lse = m + np.log(np.exp(zr - m[:, None]).sum(axis=1))
+                nll += float((lse - zr[np.arange(len(zr)), nxt[r:r + len(zr)]]).sum())
+        return float(np.exp(nll / (len(ids) - 1)))
 
     def __repr__(self) -> str:
         hp = self.hparams
