@@ -183,16 +183,17 @@ class Model:
             n_kv = self.cache.n_kv(n)
             g = self._graph(n, n_kv, len(rows))
             past = self.cache.n_past
-            g.step.tokens.set(chunk)
-            g.step.pos.set(np.arange(past, past + n, dtype=np.int32))
+            step = g.step  # the inputs are written through their host views: their types and sizes are ours
+            step.tokens.host().reshape(-1)[:] = chunk
+            step.pos.host().reshape(-1)[:] = np.arange(past, past + n, dtype=np.int32)
             cells, cells_swa = self.cache.cells(n)
-            g.step.cells.set(cells)
-            swa = g.step.mask_swa is not None
-            self.cache.masks(n, n_kv, g.step.mask.host().reshape(n, n_kv),  # straight into the inputs
-                             g.step.mask_swa.host().reshape(n, -1) if swa else None)
+            step.cells.host().reshape(-1)[:] = cells
+            swa = step.mask_swa is not None
+            self.cache.masks(n, n_kv, step.mask.host().reshape(n, n_kv),
+                             step.mask_swa.host().reshape(n, -1) if swa else None)
             if swa:
-                g.step.cells_swa.set(cells_swa)
-            g.step.out_rows.set(rows)
+                step.cells_swa.host().reshape(-1)[:] = cells_swa
+            step.out_rows.host().reshape(-1)[:] = rows
             g.plan.compute()
             self.cache.n_past = past + n
             if all_logits or last:  # one copy out of the workspace, which the next compute reuses
