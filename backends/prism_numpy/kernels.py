@@ -566,7 +566,7 @@ def _glu(n: Tensor) -> None:
     else:
         x, g = a, val(b)
     key = n.opdef.key
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # inf * 0 is NaN, as in ggml (or a branch np.where drops)
         if key == "SWIGLU_OAI":
             limit = n.params["limit"]
             xc = np.where(limit < x, limit, x)  # std::min(x, limit) and std::clamp(g, -limit, limit), as
