@@ -323,9 +323,9 @@ def _arena_io(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
     output results that own their memory."""
     inputs = [t for t in graph.leafs if t.flags & Flag.INPUT and not t.flags & Flag.PARAM and t.view_src is None
               and not t.read_only and t.nbytes]
+    kept = {id(t) for t in (*graph.grads.values(), *graph.grad_accs.values())}  # gradients keep their memory
     outputs = [n for n in graph.nodes if n.flags & Flag.OUTPUT and n.view_src is None and n.opdef is not None
-               and not n.flags & (Flag.PARAM | Flag.LOSS) and n not in graph.grads.values()
-               and n not in graph.grad_accs.values()]
+               and not n.flags & (Flag.PARAM | Flag.LOSS) and id(n) not in kept]
     return inputs, outputs
 
 
