@@ -7,6 +7,7 @@ processed in batches of ``n_batch`` tokens. Weights stay as loaded (quantized, m
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -223,10 +224,14 @@ class Model:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64,
-                 sampler: Sampler | None = None) -> Iterator[Token]:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
+                 special: bool = False) -> Iterator[Token]:
         """Yield tokens as they are produced, from a fresh cache, until ``max_tokens`` or an
-        end-of-generation token (not yielded)."""
+        end-of-generation token (not yielded). Each token's text is its piece (llama_token_to_piece),
+        as llama.cpp's command line streams it: nothing stripped or cleaned, so the pieces joined
+        continue the prompt's text; control tokens show their text only with ``special`` (its
+        ``--special``). The bytes of a UTF-8 character split over several tokens come with the token
+        that completes it; bytes no token completes become U+FFFD (at the latest with the last token)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         sampler = sampler if sampler is not None else Sampler.greedy()
@@ -239,18 +244,16 @@ class Model:
         start = time.perf_counter()
         logits = self.eval(ids)[-1]
         t.prompt_s = time.perf_counter() - start
-        history, out = list(ids), []
-        text = ""
+        history, n_out = list(ids), 0
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for _ in range(max_tokens):
             tok = sampler(logits, history)
             if tok in self.eog_ids:
                 return
             history.append(tok)
-            out.append(tok)
-            full = self.tokenizer.decode(out)
-            piece, text = (full[len(text):], full) if not full.endswith("\ufffd") else ("", text)
-            yield Token(tok, piece)
-            if len(out) < max_tokens:
+            n_out += 1
+            yield Token(tok, utf8.decode(self.tokenizer.piece_bytes(tok, special), final=n_out == max_tokens))
+            if n_out < max_tokens:
                 start = time.perf_counter()
                 logits = self.eval([tok])[-1]
                 t.decode_s += time.perf_counter() - start
