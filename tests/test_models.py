@@ -244,6 +244,19 @@ def test_generated_text_is_each_tokens_piece_as_llama_cpp_streams_it():
     assert texts([8, 2, 9]) == [" t8"]  # </s> ends the generation
 
 
+def test_generation_ends_on_every_token_llama_cpp_ends_on():
+    """Besides the eos id, llama.cpp ends generation on tokens it knows by name ("<eos>", "<|im_end|>", ...)
+    and on the metadata's eot and eom ids."""
+    meta, w = tiny("llama", seed=5)
+    vocab = _spm_vocabulary(50)
+    vocab["tokenizer.ggml.tokens"] = vocab["tokenizer.ggml.tokens"][:9] + ["<eos>", "<|im_end|>"] + \
+        vocab["tokenizer.ggml.tokens"][11:]
+    model = Model(to_tensors(w), {**meta, **vocab, "tokenizer.ggml.eom_token_id": 12}, backend="numpy", n_ctx=64)
+    assert model.eog_ids == {2, 9, 10, 12}
+    for end in (2, 9, 10, 12):
+        assert [t.id for t in model.generate([1, 7], max_tokens=3, sampler=_Script([8, end, 8]))] == [8]
+
+
 def test_samplers_are_reproducible_and_respect_their_filters():
     z = np.array([0.0, 5.0, 4.0, -1.0, 4.5])
     assert Sampler.greedy()(z) == 1

@@ -35,9 +35,6 @@ MAX_PLANS = 8  # planned graphs kept; the least recently used one releases its m
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape only hold their inputs and logits (1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
-# Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
-EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-                       "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
 
 
 @dataclass(frozen=True)
@@ -208,14 +205,13 @@ class Model:
 
     @cached_property
     def eog_ids(self) -> frozenset[int]:
-        """The ids that end generation; found on first use, so scoring never decodes the vocabulary."""
-        ids = {int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                           "tokenizer.ggml.eom_token_id") if k in self.meta}
-        if "tokenizer.ggml.tokens" in self.meta:
-            from ..tokenizer.vocab import token_table  # the tokenizer's own table, read once per file
-            table = token_table(self.meta)
-            ids.update(i for text in EOG_TEXTS for i in table.ids_of(text))
-        return frozenset(ids)
+        """The ids that end generation: the vocabulary's (llama.cpp's end-of-generation set: eos, eot, eom
+        and the tokens it knows by name); without a vocabulary, the eos/eot/eom ids the metadata names."""
+        vocab = getattr(self.tokenizer, "vocab", None) if "tokenizer.ggml.tokens" in self.meta else None
+        if vocab is not None:
+            return vocab.eog
+        return frozenset(int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                                     "tokenizer.ggml.eom_token_id") if k in self.meta)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
