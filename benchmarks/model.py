@@ -159,6 +159,40 @@ def _cold_first_token(path: str) -> tuple[list[tuple[str, dict[str, float]]], st
     return [("process start -> first token", process), ("model load -> first token", loaded)], backend
 
 
+_SENTENCE = ("The river bends twice before the old mill, where seven herons wait for the morning boats "
+             "and the miller counts the sacks of grain. ")
+
+
+def _long_prompt(path: str, n_tokens: int) -> str:
+    """A text of about ``n_tokens`` Gemma tokens (counted with Prism's tokenizer of the file)."""
+    import prism_core.models as M
+    model = M.load(path, backend="numpy", n_ctx=64)
+    per = len(model.encode(_SENTENCE * 10)) / 10
+    text = _SENTENCE * int(n_tokens / per)
+    while len(model.encode(text)) > n_tokens:
+        text = text[:-len(_SENTENCE)]
+    return text
+
+
+def _prism_run_peak(engines: list[str], path: str, size: int) -> None:
+    """What a user sees: `prism run` (tokenizer, sampler and all) over a prompt that fills the context."""
+    n_new = 32
+    prompt = _long_prompt(path, N_CTX - n_new - 8)
+    print(f"\n## `prism run gemma3-270m -p <{N_CTX - n_new - 8} tokens> -n {n_new} --temp 0`: peak RSS (the "
+          f"context full, tokenizer included; lower is better; target under 1.5x the file on csimd and numba)")
+    for engine in engines:
+        r = subprocess.run([sys.executable, "-m", "prism_core.cli", "run", "gemma3-270m", "-p", prompt, "-n",
+                            str(n_new if engine != "numpy" else 2), "--temp", "0", "--json", "--backend", engine],
+                           capture_output=True, text=True, env=_env())
+        if r.returncode:
+            print(f"  [{engine}] failed: {r.stderr.strip()[-300:]}")
+            continue
+        j = json.loads(r.stdout)
+        peak = j["peak_rss_mb"] * 1e6
+        print(f"  [{engine}] {j['prompt_tokens']} + {len(j['ids'])} tokens: peak {peak / 1e6:.0f} MB = "
+              f"{peak / size:.2f}x the file", flush=True)
+
+
 def _have_llamacpp() -> bool:
     import importlib.util
     return importlib.util.find_spec("llama_cpp") is not None
@@ -205,6 +239,7 @@ def run(bench) -> None:
             vals = {base: vals.pop(base), **vals}
         rows.append((name, vals))
     bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads", rows, "tokens/s", base)
+    _prism_run_peak([e for e in engines if e != "llama.cpp"], path, size)
     cold, backend = _cold_first_token(path)
     bench.table(f"cold time to first token (`prism run gemma3-270m -p ... -n 1` on {backend}, a fresh process)",
                 cold, "s", "llama.cpp" if "llama.cpp" in cold[0][1] else "prism run", higher_better=False,

@@ -264,7 +264,7 @@ int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_t
     if (!nonneg(a) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || d->ne[0] != a->ne[0] ||
         (a->type == CSIMD_I32) != (d->type == CSIMD_I32) || a->type == CSIMD_I64 ||
         idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] || a->ne[2] < d->ne[2] ||
-        a->ne[3] < d->ne[3])
+        a->ne[3] < d->ne[3] || !rows_in_range(idx, d, a->ne[1]))
         return -1;
     nth = clamp_threads(nth);
     CALL(get_rows, a, idx, d, nth)

@@ -6,7 +6,10 @@
 #define XA_PAD(n) (((n) + 15) & ~(int64_t)15)
 
 /* ------------------------------------------------------------ FLASH_ATTN_EXT
-   A work item is a block of VL query rows of one head and batch, one row per vector lane: Q is
+   A work item is a block of VL query rows, one row per vector lane, of one batch and one group of
+   query heads that share their K and V heads (GQA; a group is one head when K and V are grouped
+   differently): the group's rows run query-major, head-minor, so a one-token decode step fills one
+   lane per head of the group and reads and converts each K/V row once for all of them. Q is
    transposed once ([D][VL]) so that the scores of a key for all the block's rows are one vector,
    Q.k = sum over d of Q[d] * k[d] (a vector times a broadcast scalar: no horizontal sums). The keys
    are walked in chunks of XA_KB positions; each chunk's K and V rows are converted to F32 once for the
@@ -17,6 +20,9 @@
    the work). */
 #define XA_KB 64
 #define XA_KU 8
+#define XA_FEW_BLOCKS 8   /* below this many blocks of rows, the keys are split too */
+#define XA_SEG_KEYS 128
+#define XA_MAX_SEGS 16
 
 ATTR static inline VF FN(xa_max)(VF a, VF b) {
     const VI gt = a > b;
@@ -79,6 +85,33 @@ ATTR static void FN(xa_pv)(float *restrict a0, float *restrict a1, const float *
     }
 }
 
+/* the output rows of one block from its accumulators A (VL rows of dvp), maxima M and sums L: a sink joins
+   the softmax's denominator; out = accumulator / sum (0 for a row that saw nothing) */
+ATTR static void FN(xa_finish)(float *restrict A, const float *M, const float *L, const int64_t *IQ,
+                               const int64_t *HQ, int64_t nq, int64_t dvp, int64_t Dv, const csimd_tensor *sinks,
+                               const csimd_tensor *d, int64_t b, float *restrict T) {
+    for (int l = 0; l < nq; l++) {
+        float *a = A + l * dvp;
+        float m = M[l], sl = L[l];
+        const int64_t h = HQ[l];
+        if (sinks) {
+            const int64_t s0 = sinks->ne[0], s1 = sinks->ne[1], s2 = sinks->ne[2];
+            float sk;
+            memcpy(&sk, ELT(sinks, h % s0, (h / s0) % s1, (h / (s0 * s1)) % s2, h / (s0 * s1 * s2)), 4);
+            if (sk > m) {
+                const float ms = m > -INFINITY ? expf(m - sk) : 0.0f;
+                sl *= ms;
+                for (int64_t e = 0; e < Dv; e++) a[e] *= ms;
+                m = sk;
+            }
+            sl += expf(sk - m);
+        }
+        const float inv = sl > 0.0f ? 1.0f / sl : 0.0f;
+        for (int64_t e = 0; e < Dv; e++) T[e] = sl > 0.0f ? a[e] * inv : 0.0f;
+        FN(row_from_f32)(ELT(d, 0, h, IQ[l], b), CSIMD_F32, d->nb[0], T, Dv);
+    }
+}
+
 /* q [D, NQ, H, B], k [D, NKV, Hk, B], v [Dv, NKV, Hv, B] (F32/F16/BF16), mask [>= NKV, >= NQ, m2, m3]
    (F16/F32, broadcast over heads and batches by modulo) or NULL, sinks (F32, >= H values, head h at
    logical index h) or NULL, slopes (H floats); d [Dv, H, NQ, B] F32. K/V heads serve q heads in
@@ -88,13 +121,24 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                                float softcap, const csimd_tensor *d, int nth) {
     const int64_t D = q->ne[0], NQ = q->ne[1], H = q->ne[2], B = q->ne[3];
     const int64_t NKV = k->ne[1], Dv = v->ne[0], rk = H / k->ne[2], rv = H / v->ne[2];
-    const int64_t dp = XA_PAD(D), dvp = XA_PAD(Dv), nqb = (NQ + VL - 1) / VL, items = B * H * nqb;
+    const int64_t G = rk == rv ? rk : 1, NG = H / G, NROW = NQ * G; /* heads per group, groups, rows of one */
+    const int64_t dp = XA_PAD(D), dvp = XA_PAD(Dv), nqb = (NROW + VL - 1) / VL, items = B * NG * nqb;
     /* per thread: Q transposed, K and V chunks, bias then scores then probabilities [j][VL],
        accumulators (VL rows), a row of conversions */
     const int64_t nq_f = D * VL, nk_f = XA_KB * dp, nv_f = XA_KB * dvp, ns_f = XA_KB * VL, na_f = VL * dvp,
                   nt_f = XA_PAD(D > Dv ? (D > XA_KB ? D : XA_KB) : (Dv > XA_KB ? Dv : XA_KB));
     const int64_t total = XA_PAD(nq_f) + nk_f + nv_f + ns_f + na_f + nt_f;
     const VF ninf = (VF){0} - INFINITY;
+    /* few blocks (a decode step: one per K/V head): the keys split into segments of XA_SEG_KEYS, whose
+       partial softmax states are merged at the end, so that threads share the work. The split depends
+       on the shapes only, never on the thread count: every count gives the same bits. */
+    int64_t nseg = items >= XA_FEW_BLOCKS ? 1 : (NKV + XA_SEG_KEYS - 1) / XA_SEG_KEYS;
+    nseg = nseg < XA_MAX_SEGS ? nseg : XA_MAX_SEGS;
+    const int64_t seg = nseg > 1 ? ((NKV + nseg - 1) / nseg + XA_KB - 1) / XA_KB * XA_KB : NKV;
+    nseg = nseg > 1 ? (NKV + seg - 1) / seg : 1;
+    const int64_t part_f = 2 * VL + na_f; /* per (block, segment): its maxima, sums and accumulators */
+    float *part = NULL;
+    if (nseg > 1 && !(part = (float *)csimd_alloc((size_t)(items * nseg * part_f) * 4))) return -2;
     int failed = 0;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
@@ -105,25 +149,29 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
         float *Qt = buf, *Kc = buf ? Qt + XA_PAD(nq_f) : NULL, *Vc = buf ? Kc + nk_f : NULL;
         float *S = buf ? Vc + nv_f : NULL, *A = buf ? S + ns_f : NULL, *T = buf ? A + na_f : NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
+        for (int64_t w = 0; w < items * nseg; w++) {
             if (!buf) continue;
-            const int64_t qb = it % nqb, h = (it / nqb) % H, b = it / (nqb * H);
-            const int64_t iq0 = qb * VL, nq = NQ - iq0 < VL ? NQ - iq0 : VL;
-            const int64_t hk = h / rk, hv = h / rv;
-            const float slope = slopes[h];
+            const int64_t it = w / nseg, ja = w % nseg * seg, jb = ja + seg < NKV ? ja + seg : NKV;
+            const int64_t qb = it % nqb, hg = (it / nqb) % NG, b = it / (nqb * NG);
+            const int64_t r0 = qb * VL, nq = NROW - r0 < VL ? NROW - r0 : VL;
+            const int64_t hk = hg * G / rk, hv = hg * G / rv;
+            int64_t IQ[VL], HQ[VL]; /* each lane's query position and head */
             for (int64_t l = 0; l < VL; l++) {
-                if (l < nq) FN(row_to_f32)(T, ELT(q, 0, iq0 + l, h, b), q->type, q->nb[0], D);
+                IQ[l] = (r0 + l) / G;
+                HQ[l] = hg * G + (r0 + l) % G;
+                if (l < nq) FN(row_to_f32)(T, ELT(q, 0, IQ[l], HQ[l], b), q->type, q->nb[0], D);
                 for (int64_t e = 0; e < D; e++) Qt[e * VL + l] = l < nq ? T[e] : 0.0f;
             }
             memset(A, 0, (size_t)na_f * 4);
             VF M = ninf, L = (VF){0};
-            for (int64_t j0 = 0; j0 < NKV; j0 += XA_KB) {
-                const int64_t nk = NKV - j0 < XA_KB ? NKV - j0 : XA_KB;
+            for (int64_t j0 = ja; j0 < jb; j0 += XA_KB) {
+                const int64_t nk = jb - j0 < XA_KB ? jb - j0 : XA_KB;
                 /* 1. the bias of each (key, row): slope * mask, 0 without a mask, -inf past the rows or keys */
                 for (int64_t l = 0; l < VL; l++) {
                     if (l < nq && mask) {
-                        FN(row_to_f32)(T, ELT(mask, j0, iq0 + l, h % mask->ne[2], b % mask->ne[3]), mask->type,
+                        FN(row_to_f32)(T, ELT(mask, j0, IQ[l], HQ[l] % mask->ne[2], b % mask->ne[3]), mask->type,
                                        mask->nb[0], nk);
+                        const float slope = slopes[HQ[l]];
                         for (int64_t j = 0; j < nk; j++) S[j * VL + l] = slope * T[j];
                     } else {
                         const float f = l < nq ? 0.0f : -INFINITY;
@@ -181,29 +229,52 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                 for (int l = 0; l < nq; l += 2)
                     FN(xa_pv)(A + l * dvp, A + (l + 1) * dvp, S, l, l + 1, Vc, dvp, jend, dvp);
             }
-            /* 5. the sink joins the softmax's denominator; out = accumulator / sum (0 for a row with nothing) */
-            for (int l = 0; l < nq; l++) {
-                float *a = A + l * dvp;
-                float m = M[l], sl = L[l];
-                if (sinks) {
-                    const int64_t s0 = sinks->ne[0], s1 = sinks->ne[1], s2 = sinks->ne[2];
-                    float sk;
-                    memcpy(&sk, ELT(sinks, h % s0, (h / s0) % s1, (h / (s0 * s1)) % s2, h / (s0 * s1 * s2)), 4);
-                    if (sk > m) {
-                        const float ms = m > -INFINITY ? expf(m - sk) : 0.0f;
-                        sl *= ms;
-                        for (int64_t e = 0; e < Dv; e++) a[e] *= ms;
-                        m = sk;
+            if (nseg == 1) {
+                float Mr[VL], Lr[VL];
+                for (int l = 0; l < VL; l++) { Mr[l] = M[l]; Lr[l] = L[l]; }
+                FN(xa_finish)(A, Mr, Lr, IQ, HQ, nq, dvp, Dv, sinks, d, b, T);
+            } else { /* this segment's maxima, sums and accumulators, merged below */
+                float *pt = part + w * part_f;
+                for (int l = 0; l < VL; l++) { pt[l] = M[l]; pt[VL + l] = L[l]; }
+                memcpy(pt + 2 * VL, A, (size_t)na_f * 4);
+            }
+        }
+        if (nseg > 1) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < items; it++) {
+                if (!buf) continue;
+                const int64_t qb = it % nqb, hg = (it / nqb) % NG, b = it / (nqb * NG);
+                const int64_t r0 = qb * VL, nq = NROW - r0 < VL ? NROW - r0 : VL;
+                int64_t IQ[VL], HQ[VL];
+                float Mm[VL], Lm[VL];
+                for (int64_t l = 0; l < VL; l++) {
+                    IQ[l] = (r0 + l) / G;
+                    HQ[l] = hg * G + (r0 + l) % G;
+                    Mm[l] = -INFINITY;
+                    Lm[l] = 0.0f;
+                    for (int64_t sg = 0; sg < nseg; sg++) {
+                        const float ms = part[(it * nseg + sg) * part_f + l];
+                        Mm[l] = ms > Mm[l] ? ms : Mm[l];
                     }
-                    sl += expf(sk - m);
                 }
-                const float inv = sl > 0.0f ? 1.0f / sl : 0.0f;
-                for (int64_t e = 0; e < Dv; e++) T[e] = sl > 0.0f ? a[e] * inv : 0.0f;
-                FN(row_from_f32)(ELT(d, 0, h, iq0 + l, b), CSIMD_F32, d->nb[0], T, Dv);
+                memset(A, 0, (size_t)na_f * 4);
+                for (int64_t sg = 0; sg < nseg; sg++) { /* each segment's share, rescaled to the common maximum */
+                    const float *pt = part + (it * nseg + sg) * part_f;
+                    for (int64_t l = 0; l < nq; l++) {
+                        if (pt[l] == -INFINITY) continue; /* the segment saw nothing of this row */
+                        const float wt = expf(pt[l] - Mm[l]);
+                        Lm[l] += wt * pt[VL + l];
+                        const float *pa = pt + 2 * VL + l * dvp;
+                        float *a = A + l * dvp;
+                        for (int64_t e = 0; e < dvp; e += VL) *(VF *)(a + e) += wt * *(const VF *)(pa + e);
+                    }
+                }
+                FN(xa_finish)(A, Mm, Lm, IQ, HQ, nq, dvp, Dv, sinks, d, b, T);
             }
         }
         free(buf);
     }
+    free(part);
     return failed ? -2 : 0;
 }
 

@@ -113,6 +113,19 @@ static inline int64_t load_index(const char *p, int t) {
     return i;
 }
 
+/* GET_ROWS: every index it reads (idx[i, j, k] for each row (i, j, k) of d) lies in [0, n). Checked before
+   any row is written, so that a refused call leaves d as it was and a prepared call needs no Python check. */
+static inline int rows_in_range(const csimd_tensor *idx, const csimd_tensor *d, int64_t n) {
+    for (int64_t k = 0; k < d->ne[3]; k++)
+        for (int64_t j = 0; j < d->ne[2]; j++)
+            for (int64_t i = 0; i < d->ne[1]; i++) {
+                int32_t r;
+                memcpy(&r, ELT(idx, i, j, k, 0), 4);
+                if (r < 0 || r >= n) return 0;
+            }
+    return 1;
+}
+
 /* double -> float rounded to odd: a following round to nearest even into f16 is then exact */
 static inline float f64_to_f32_odd(double d) {
     float f = (float)d;

@@ -141,7 +141,7 @@ int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd
     const int qt = q_type_of(a);
     if (qt < 0 || !q_view_ok(a, qt) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || !is_float(d->type) ||
         d->ne[0] != a->ne[0] || idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] ||
-        a->ne[2] < d->ne[2] || a->ne[3] < d->ne[3])
+        a->ne[2] < d->ne[2] || a->ne[3] < d->ne[3] || !rows_in_range(idx, d, a->ne[1]))
         return -1;
     const int64_t n0 = d->ne[0], nr = nrows_of(d);
     int failed = 0;
@@ -158,7 +158,7 @@ int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd
             unravel_row(d, ir, &i, &j, &k);
             int32_t r;
             memcpy(&r, ELT(idx, i, j, k, 0), 4);
-            if (r < 0 || r >= a->ne[1]) continue; /* validated by the caller; never read outside */
+            if (r < 0 || r >= a->ne[1]) continue; /* checked above; never read outside */
             q_row_dequant(qt, ELT(a, 0, r, j, k), tmp, n0);
             char *dr = ELT(d, 0, i, j, k);
             for (int64_t e = 0; e < n0; e++) store_f32(dr + e * d->nb[0], d->type, tmp[e]);

@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     r.add_argument("-sp", "--special", action="store_true",
                    help="print control tokens' text (<bos>, <unused0>, ...), as llama.cpp's --special")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr while the model file is assembled and the backend compiles its "
+                        "kernels, until the first token (default: only when stderr is a terminal)")
     r.set_defaults(func=cmd_run)
 
 
@@ -44,37 +47,43 @@ def _nonneg_int(s: str) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .errors import PrismError
     from .models import Sampler, load
+    from .progress_bars import ProgressBars
     try:
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
-        t0 = time.perf_counter()
-        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
-                     flash_attn=not args.no_flash_attn)
-        load_s = time.perf_counter() - t0
-        prompt_ids = model.encode(args.prompt)
-        ids, pieces, first = [], [], None
-        for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler,
-                                  special=args.special):
-            first = first if first is not None else time.perf_counter() - t0
-            ids.append(tok.id)
-            pieces.append(tok.text)
-            if not args.json:
-                sys.stdout.write(tok.text)
-                sys.stdout.flush()
+        with ProgressBars(sys.stderr, enabled=args.progress) as bars:
+            t0 = time.perf_counter()
+            model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
+                         flash_attn=not args.no_flash_attn)
+            load_s = time.perf_counter() - t0
+            prompt_ids = model.encode(args.prompt)
+            ids, pieces, first = [], [], None
+            for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler,
+                                      special=args.special):
+                if first is None:
+                    first = time.perf_counter() - t0
+                    bars.close()  # the text streams from here: no bar line between its pieces
+                ids.append(tok.id)
+                pieces.append(tok.text)
+                if not args.json:
+                    sys.stdout.write(tok.text)
+                    sys.stdout.flush()
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
         return 1
     t = model.timings
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
+    file_mb = model.source.file_size / 1e6 if model.source is not None else 0.0
     if args.json:
         print(json.dumps({"model": args.model, "backend": model.backend.name, "prompt_ids": prompt_ids, "ids": ids,
                           "text": "".join(pieces), "load_s": load_s, "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
                           "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
-                          "peak_rss_mb": peak_mb}))
+                          "peak_rss_mb": peak_mb, "file_mb": file_mb}))
     else:
         print(file=sys.stdout)
         print(f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
-              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB",
+              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB"
+              + (f" ({peak_mb / file_mb:.2f}x the {file_mb:.0f} MB file)" if file_mb else ""),
               file=sys.stderr)
     return 0

@@ -155,6 +155,22 @@ class Context:
                                 f"but its storage has {base.nbytes} bytes")
         return self._admit(view, self.cost(type, ne, owns_memory=False))
 
+    def discard(self, tensors: list[Tensor]) -> None:
+        """Forget ``tensors`` (a graph no longer needed): their memory is freed and their budget
+        returned. Refused, with nothing changed, if a tensor kept would still view one of them."""
+        gone = {id(t) for t in tensors if t.ctx is self}
+        kept = [t for t in self.tensors if id(t) not in gone]
+        viewer = next((t for t in kept if t.view_src is not None and id(t.view_src) in gone), None)
+        if viewer is not None:
+            raise InvalidArgument(f"discard: {viewer.label} is kept but views {viewer.view_src.label}, "
+                                  "which would be discarded")
+        for t in self.tensors:
+            if id(t) in gone:
+                self.used -= self.cost(t.type, t.ne, owns_memory=t.view_src is None and not t._read_only)
+                self._raw.pop(id(t), None)
+                t._storage = None
+        self.tensors = kept
+
     def mark(self) -> tuple[int, int]:
         """A point to :meth:`rollback` to: the tensors created after it are dropped."""
         return len(self.tensors), self.used

@@ -168,7 +168,7 @@ def _read_value(c: _Cursor, key: str, vtype: V, h: Header) -> Any:
         start = c.pos
         buf, pos, end = c.buf, c.pos, c.end
         unpack = _U64.unpack_from
-        lengths = array("q")
+        lengths = array("I")  # each at most MAX_STRING_BYTES (2**30)
         keep = lengths.append
         for i in range(count):  # the hot loop of a vocabulary: kept to one unpack and two compares
             if pos + 8 > end:

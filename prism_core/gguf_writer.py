@@ -44,6 +44,7 @@ from .gguf_format import (
     VERSION,
     V,
     encode_text,
+    is_value_type,
     pad,
 )
 from .gguf_reader import Metadata
@@ -94,8 +95,8 @@ def _typed(key: str, value: Any, meta: Mapping[str, Any]) -> tuple[Any, V, V | N
     """(value, value type, item type or None) for one metadata entry."""
     if isinstance(meta, Metadata):
         return value, meta.types[key], meta.element_types.get(key)
-    if isinstance(value, tuple) and 2 <= len(value) <= 3 and all(isinstance(x, V) for x in value[1:]):
-        v, t, *sub = value
+    if isinstance(value, tuple) and 2 <= len(value) <= 3 and all(map(is_value_type, value[1:])):
+        v, t, *sub = (value[0], *map(V, value[1:]))
         if t == V.ARRAY:
             return v, t, sub[0] if sub else _item_type(v, key)
         if sub:

@@ -21,7 +21,9 @@ tensors stay correct.
 
 Plans that never compute at the same time (a model's prefill and decode graphs) can share one
 :class:`Workspace`: their arenas are the front of one buffer sized to the largest, instead of one
-buffer each.
+buffer each. With ``io_in_arena`` the graph's inputs and outputs live in the arena too, as in
+ggml-alloc's compute buffer: a caller sets the inputs before each compute and reads the outputs
+before the next compute on that arena, and a model's many graphs then hold no memory of their own.
 """
 
 from __future__ import annotations
@@ -123,8 +125,9 @@ def _greedy_by_size(blocks: list[list[int]]) -> tuple[list[int], int]:
 
 class Workspace:
     """Scratch memory that several plans take turns using. Each plan's arena is the front of one
-    buffer grown to the largest arena; when it grows, every plan on it moves to the new buffer
-    (and its backend prepares its calls again), so the old one is freed. Plans sharing a
+    buffer grown to the largest arena; when it grows, or shrinks because the plan that needed the
+    most was released, every plan on it moves to the new buffer (and its backend prepares its
+    calls again), so the old one is freed. Plans sharing a
     workspace compute one at a time: they hold its lock while computing."""
 
     def __init__(self) -> None:
@@ -149,6 +152,11 @@ class Workspace:
     def _detach(self, p: Plan) -> None:
         with self.lock:
             self._plans = [r for r in self._plans if r() is not None and r() is not p]
+            need = max((r().arena_bytes for r in self._plans), default=0)
+            if need < self.buffer.size:  # the largest plan left: give back what only it needed
+                self.buffer = np.zeros(max(need, 1), dtype=np.uint8)
+                for r in self._plans:
+                    r()._bind_arena(self.buffer, prepare=True)
 
     def __repr__(self) -> str:
         return f"Workspace({self.nbytes} bytes, {len([r for r in self._plans if r() is not None])} plans)"
@@ -204,12 +212,14 @@ class Plan:
             call()
 
     def release(self) -> None:
-        """Give back the memory of the plan's results and arena (leaves keep theirs); the plan
-        cannot compute afterwards."""
+        """Give back the memory of the plan's results and arena (leaves keep theirs, except inputs
+        planned into the arena); the plan cannot compute afterwards."""
         for n in self.graph.nodes:
             if n.view_src is None and n.opdef is not None:
                 n._storage = None
                 n.ctx._raw.pop(id(n), None)
+        for n, _ in self.offsets:
+            n._storage = None
         if self.workspace is not None:
             self.workspace._detach(self)
         self.arena, self.calls, self.bindings, self.offsets = None, [], [], []
@@ -217,7 +227,15 @@ class Plan:
     def _bind_arena(self, buffer: np.ndarray, *, prepare: bool) -> None:
         self.arena = buffer[:max(self.arena_bytes, 1)]
         for n, off in self.offsets:
-            n._storage = self.arena[off: off + n.nbytes]
+            slot = self.arena[off: off + n.nbytes]
+            if n.opdef is None and n._storage is not None and not prepare:  # an input set before planning
+                slot[:] = n._storage
+                n.ctx._raw.pop(id(n), None)
+            n._storage = slot
+        moved = {id(n) for n, _ in self.offsets}
+        for t in (*self.graph.nodes, *self.graph.leafs):  # a cached host view would keep the old buffer alive
+            if t._host is not None and id(t.base) in moved:
+                t._host = None
         if prepare:
             self.bindings, self.calls = [], []
             _prepare_calls(self, self.owners)
@@ -251,25 +269,32 @@ def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
 
 
 def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False,
-         reuse: bool = True, keep_grads: bool = True, workspace: Workspace | None = None) -> Plan:
+         reuse: bool = True, keep_grads: bool = True, workspace: Workspace | None = None,
+         io_in_arena: bool = False) -> Plan:
     """Resolve kernels and assign memory for ``graph`` on ``backend`` (see module doc).
 
     ``keep_grads=False`` lets gradients that are not accumulators share memory once read
     (a training step whose optimizer nodes consume them needs no copy of them afterwards).
-    ``workspace``: put the arena in this :class:`Workspace`, shared with the other plans on it."""
+    ``workspace``: put the arena in this :class:`Workspace`, shared with the other plans on it.
+    ``io_in_arena``: place the leafs flagged input and the results flagged output in the arena
+    (inputs live until their last reader, outputs to the end): set the inputs before every
+    compute (a value set before planning is carried over once) and read the outputs before the
+    next compute on the same arena or workspace. Inputs that are mapped, read-only or
+    parameters keep their own memory."""
     graph = as_graph(graph, "plan")
     be = resolve_backend(backend, "plan")
-    strict, reuse, keep_grads = (flag_arg("plan", k, v) for k, v in
-                                 (("strict", strict), ("reuse", reuse), ("keep_grads", keep_grads)))
+    strict, reuse, keep_grads, io_in_arena = (
+        flag_arg("plan", k, v) for k, v in
+        (("strict", strict), ("reuse", reuse), ("keep_grads", keep_grads), ("io_in_arena", io_in_arena)))
     if workspace is not None and not isinstance(workspace, Workspace):
         raise InvalidArgument(f"plan: workspace must be a prism_core.Workspace, got {type(workspace).__name__}")
     refuse_read_only_writes(graph)
     with holding(contexts_of(graph)):  # planning rebinds the intermediates' storage
-        return _plan(graph, be, strict, reuse, keep_grads, workspace)
+        return _plan(graph, be, strict, reuse, keep_grads, workspace, io_in_arena)
 
 
 def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool,
-          workspace: Workspace | None = None) -> Plan:
+          workspace: Workspace | None = None, io_in_arena: bool = False) -> Plan:
     steps, fallbacks, owners = [], [], []
     reference: Backend | None = None
     for node in graph.nodes:
@@ -288,12 +313,24 @@ def _plan(graph: Graph, be: Backend, strict: bool, reuse: bool, keep_grads: bool
         owners.append(reference)
         fallbacks.append(Fallback(node, why_not(be, node)))
     p = Plan(graph, be, steps, fallbacks, contexts=contexts_of(graph), owners=owners)
-    _assign_memory(p, reuse, keep_grads, workspace)
+    _assign_memory(p, reuse, keep_grads, workspace, io_in_arena)
     _prepare_calls(p, owners)
     return p
 
 
-def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace | None) -> None:
+def _arena_io(graph: Graph) -> tuple[list[Tensor], list[Tensor]]:
+    """The inputs and outputs ``io_in_arena`` places: plain input leafs read by the graph, and
+    output results that own their memory."""
+    inputs = [t for t in graph.leafs if t.flags & Flag.INPUT and not t.flags & Flag.PARAM and t.view_src is None
+              and not t.read_only and t.nbytes]
+    outputs = [n for n in graph.nodes if n.flags & Flag.OUTPUT and n.view_src is None and n.opdef is not None
+               and not n.flags & (Flag.PARAM | Flag.LOSS) and n not in graph.grads.values()
+               and n not in graph.grad_accs.values()]
+    return inputs, outputs
+
+
+def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace | None,
+                   io_in_arena: bool = False) -> None:
     nodes = p.graph.nodes
     protected = {id(t) for t in (list(p.graph.grads.values()) if keep_grads else []) + list(p.graph.grad_accs.values())}
     last_read: dict[int, int] = {}  # id(storage owner) -> index of the last node reading it
@@ -305,8 +342,12 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace 
             last_read[id(n.base)] = max(last_read.get(id(n.base), i), i)
     owners = [n for n in nodes if n.view_src is None and n.opdef is not None]
     p.naive_bytes = sum(n.nbytes for n in owners)
-    shared = [n for n in owners if reuse and not n.flags & _PROTECTED_FLAGS and id(n) not in protected
-              and id(n) in last_read]
+    inputs, outputs = _arena_io(p.graph) if io_in_arena else ([], [])
+    for n in outputs:
+        last_read[id(n)] = len(nodes)  # read by the caller after the last node
+    output_ids = {id(n) for n in outputs}
+    shared = [n for n in owners if id(n) in output_ids or (reuse and not n.flags & _PROTECTED_FLAGS
+                                                          and id(n) not in protected and id(n) in last_read)]
     shared_ids = {id(n) for n in shared}
     p.protected_bytes = p.naive_bytes - sum(n.nbytes for n in shared)
 
@@ -314,27 +355,35 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace 
     live: dict[int, tuple[int, int]] = {}  # id(owner) -> (offset, size) while its value is needed
     offset: dict[int, int] = {}
     dies_at: dict[int, list[Tensor]] = {}
-    for n in shared:
-        dies_at.setdefault(last_read[id(n)], []).append(n)
-    most_live = 0
+    for n in shared + inputs:
+        dies_at.setdefault(last_read[id(n)] if reuse else len(nodes), []).append(n)
     blocks: list[list[int]] = []  # [size, first step, last step] of each buffer (an in-place chain shares one)
     block_of: dict[int, int] = {}
+
+    def place(n: Tensor, first: int) -> None:
+        size = _align(max(n.nbytes, 1))
+        live[id(n)] = (arena.alloc(size), size)
+        block_of[id(n)] = len(blocks)
+        blocks.append([size, first, last_read[id(n)]])
+        offset[id(n)] = live[id(n)][0]
+
+    for t in inputs:  # set before the first node runs
+        place(t, -1)
+    input_ids = {id(t) for t in inputs}
+    most_live = sum(size for _, size in live.values())
     for i, n in enumerate(nodes):
         if id(n) in shared_ids:
             src0 = n.src[0] if n.src else None
             if (n.opdef.inplace and src0 is not None and id(src0) in live and last_read[id(src0)] == i
-                    and (src0.ne, src0.nb, src0.type) == (n.ne, n.nb, n.type)):
+                    and id(src0) not in input_ids and (src0.ne, src0.nb, src0.type) == (n.ne, n.nb, n.type)):
                 live[id(n)] = live.pop(id(src0))  # write over the dying first source, as ggml does
                 dies_at[i].remove(src0)
                 p.inplace_reuses += 1
                 block_of[id(n)] = block_of[id(src0)]
                 blocks[block_of[id(n)]][2] = last_read[id(n)]
+                offset[id(n)] = live[id(n)][0]
             else:
-                size = _align(max(n.nbytes, 1))
-                live[id(n)] = (arena.alloc(size), size)
-                block_of[id(n)] = len(blocks)
-                blocks.append([size, i, last_read[id(n)]])
-            offset[id(n)] = live[id(n)][0]
+                place(n, i)
         most_live = max(most_live, sum(size for _, size in live.values()))
         for dead in dies_at.get(i, []):
             arena.release(*live.pop(id(dead)))
@@ -345,7 +394,7 @@ def _assign_memory(p: Plan, reuse: bool, keep_grads: bool, workspace: Workspace 
             p.arena_bytes = top
             offset = {k: offs[b] for k, b in block_of.items()}
     p.live_bound_bytes = p.protected_bytes + most_live
-    p.offsets = [(n, offset[id(n)]) for n in shared]
+    p.offsets = [(n, offset[id(n)]) for n in shared + inputs]
     if workspace is None:
         p._bind_arena(np.zeros(max(p.arena_bytes, 1), dtype=np.uint8), prepare=False)
     else:

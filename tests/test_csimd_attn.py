@@ -79,7 +79,13 @@ ATTN_CASES = [
     (128, 128, 33, 200, 2, 1, 1, 1, "causal", (2, 1), 0.0, 8.0, True, F16),
     (16, 24, 5, 3, 3, 3, 1, 3, None, None, 2.0, 0.0, True, F32),
     (48, 48, 1, 300, 4, 2, 4, 1, "random", (1, 1), 0.0, 0.0, False, BF16),
+    # decode-like: one block per K/V head, so the keys are split into segments and merged; a causal
+    # row-0 sees key 0 only (the later segments see nothing of it), dead rows, ALiBi, softcap, sinks
+    (64, 64, 1, 300, 4, 1, 1, 1, "causal", (1, 1), 0.0, 0.0, False, F16),
+    (64, 48, 2, 777, 8, 1, 1, 1, "dead rows", (1, 1), 5.0, 4.0, True, F16),
+    (32, 32, 1, 1000, 6, 2, 2, 1, "random", (6, 1), 0.0, 0.0, True, BF16),
 ]
+SPLIT_CASE = ATTN_CASES[-2]
 
 
 def _attn_ids(c):
@@ -141,17 +147,20 @@ def test_flash_attn_causal_matches_a_float64_softmax(isa):
 def test_flash_attn_thread_count_does_not_change_results(monkeypatch):
     be = _backend()
     outs = []
-    for n in ("1", "2"):
+    for n in ("1", "2", "3"):
         monkeypatch.setenv("PRISM_NUM_THREADS", n)
         monkeypatch.setenv("PRISM_CSIMD_SERIAL_WORK", "0")
         be.availability()
         ctx = pc.Context()
-        y = _build_attn(ATTN_CASES[2])(ctx, np.random.default_rng(1))
-        pc.compute(y, be, strict=True)
-        outs.append(y.numpy())
+        y = [_build_attn(c)(ctx, np.random.default_rng(1)) for c in (ATTN_CASES[2], SPLIT_CASE)]
+        for t in y:
+            pc.compute(t, be, strict=True)
+        outs.append([t.numpy() for t in y])
     monkeypatch.undo()
     be.availability()
-    np.testing.assert_array_equal(outs[0], outs[1])
+    for per_count in outs[1:]:  # rows split by block, and keys split into segments, the same at any count
+        for a, b in zip(outs[0], per_count):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_flash_attn_planned_graph_reads_sinks_and_mask_at_every_compute():

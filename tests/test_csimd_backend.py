@@ -602,3 +602,54 @@ def test_integer_copies_and_rows_match_the_reference():
         np.testing.assert_array_equal(got, ref)
         if expect is not None:
             np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize("dst_type", [pc.F16, pc.GGMLType.Q8_0])
+def test_a_planned_set_rows_is_prepared_and_still_refuses_a_bad_index_untouched(dst_type):
+    """SET_ROWS reads its indices, yet its plan calls C directly (a model writes its KV cache this way
+    every step): an index gone out of range at a later compute is refused, naming the range, with the
+    destination unchanged, and the next good index is written."""
+    _need_available()
+    be = pc.backend("csimd")
+    ctx = pc.Context()
+    dst = ctx.new_tensor(dst_type, (32, 4))
+    rows = ctx.from_numpy(np.full((1, 32), 0.5, np.float32))
+    idx = ctx.new_tensor(pc.I64, (1,)).set_input()
+    out = pc.set_rows(dst, rows, idx)
+    p = pc.plan(out, be, strict=True)
+    assert getattr(p.calls[-1], "keep", None) is not None, "SET_ROWS has a prepared C call, not the general path"
+    for good in (1, 3):
+        idx.set(np.array([good], np.int64))
+        p.compute()
+    before = dst.raw().copy()
+    idx.set(np.array([4], np.int64))
+    with pytest.raises(pc.InvalidArgument, match=r"row index out of range \[0, 4\)"):
+        p.compute()
+    np.testing.assert_array_equal(dst.raw(), before)
+    idx.set(np.array([0], np.int64))
+    p.compute()
+    np.testing.assert_allclose(dst.numpy()[[0, 1, 3]], 0.5, rtol=0, atol=1e-3)
+    np.testing.assert_array_equal(dst.numpy()[2], 0.0)
+
+
+@pytest.mark.parametrize("src_type", [pc.F32, pc.GGMLType.Q8_0])
+def test_a_planned_get_rows_is_prepared_and_still_refuses_a_bad_index(src_type):
+    _need_available()
+    ctx = pc.Context()
+    table = np.arange(4 * 32, dtype=np.float32).reshape(4, 32) / 64
+    src = pc.cpy(ctx.from_numpy(table), ctx.new_tensor(src_type, (32, 4))) if src_type != pc.F32 \
+        else ctx.from_numpy(table)
+    pc.compute(src, "csimd")
+    idx = ctx.new_tensor(pc.I32, (2,)).set_input()
+    out = pc.get_rows(src, idx).set_output()
+    p = pc.plan(pc.Graph().expand(out), "csimd", strict=True)
+    assert getattr(p.calls[-1], "keep", None) is not None, "GET_ROWS has a prepared C call, not the general path"
+    want = src.numpy()
+    idx.set(np.array([3, 1], np.int32))
+    p.compute()
+    np.testing.assert_array_equal(out.numpy(), want[[3, 1]])
+    for bad in (4, -1):
+        idx.set(np.array([0, bad], np.int32))
+        with pytest.raises(pc.InvalidArgument, match=r"row index out of range \[0, 4\)"):
+            p.compute()
+        np.testing.assert_array_equal(out.numpy(), want[[3, 1]])  # nothing written

@@ -515,9 +515,11 @@ def test_get_rows_dequantizes_chosen_rows(cs, isa, t):
     wf = dequant(w, t).reshape(B, R, K)
     for j in range(B):
         np.testing.assert_array_equal(d[j], wf[j][idx[j]])
-    idx[1, 2] = R
-    assert lib.csimd_q_get_rows(_qdesc(ffi, w, t, (K, R, B, 1)), _fdesc(ffi, idx, 3), _fdesc(ffi, d), 1) == 0
-    assert np.all(np.isfinite(d))  # an index out of range is skipped in C (Python range-checks first)
+    before = d.copy()
+    for bad in (R, -1):  # an index out of range: refused before any row is written
+        idx[1, 2] = bad
+        assert lib.csimd_q_get_rows(_qdesc(ffi, w, t, (K, R, B, 1)), _fdesc(ffi, idx, 3), _fdesc(ffi, d), 1) == -1
+        np.testing.assert_array_equal(d, before)
 
 
 @pytest.mark.parametrize("t", REF_QUANTIZERS + (GT.Q8_1, GT.Q8_K), ids=lambda t: t.name)

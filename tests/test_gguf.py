@@ -341,3 +341,11 @@ def test_loaded_quantized_tensors_dequantize_and_feed_mul_mat(upstream):
             pc.compute(y, "numpy", strict=True)
             np.testing.assert_allclose(y.numpy(), xs.astype(np.float64) @ deq.T.astype(np.float64),
                                        rtol=1e-4, atol=1e-4)
+
+
+def test_prisms_format_constants_are_gguf_pys():
+    from prism_core import gguf_format as gf
+    assert {m.name: int(m) for m in gf.GGUFValueType} == {m.name: int(m) for m in V}
+    assert gf.MAGIC == gguf.GGUF_MAGIC.to_bytes(4, "little") and gf.VERSION == gguf.GGUF_VERSION
+    assert gf.DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    assert gf.DTYPES[V.FLOAT32] == np.dtype("<f4")  # gguf-py's members find prism's tables' entries

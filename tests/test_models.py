@@ -334,3 +334,70 @@ def test_a_long_generation_keeps_two_graphs_per_batch_shape(monkeypatch):
         model.eval([t])
     decode = [k for k in model._graphs if k[0] == 1]
     assert decode == [(1, 20, 1), (1, 24, 1)]  # the two most recent; older ones released their memory
+
+
+def test_discarded_graphs_leave_the_context_and_no_graph_holds_memory_of_its_own(monkeypatch):
+    """Scoring many lengths plans many shapes: each evicted graph's tensors leave the model's context
+    (they once stayed, with their inputs, forever), and inputs and logits live in the shared workspace."""
+    from prism_core.models import kv_cache
+    monkeypatch.setattr(kv_cache, "KV_PAD", 4)
+    meta, w = tiny("llama", seed=8)
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, cache_type="f32")
+    counts = []
+    for n in range(2, 30):
+        got = model.logits(IDS[:n % len(IDS) + 1])
+        counts.append(len(model.ctx.tensors))
+        assert np.isfinite(got).all()
+    assert len(model._graphs) <= 4 and max(counts[8:]) <= max(counts[:8])  # bounded, not growing per shape
+    assert model.ctx.used < 8 * max(g.plan.naive_bytes for g in model._graphs.values())
+    assert all(g.plan.protected_bytes == 0 for g in model._graphs.values())
+    inputs = [t for g in model._graphs.values() for t in (g.step.tokens, g.step.mask, g.logits)]
+    assert all(np.shares_memory(t.storage(), model.workspace.buffer) for t in inputs)
+    want = reference_logits("llama", meta, w, IDS)  # and the graphs kept still compute the right thing
+    np.testing.assert_allclose(model.logits(IDS), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_masks_written_into_given_arrays_equal_the_returned_ones():
+    meta, w = tiny("gemma3", seed=9, n_layer=6)
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=4)
+    model.eval(IDS[:6])
+    cache = model.cache
+    n_kv = cache.n_kv(3)
+    want, want_swa = cache.masks(3, n_kv)
+    out, out_swa = np.ones_like(want), np.ones_like(want_swa)
+    cache.masks(3, n_kv, out, out_swa)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(out_swa, want_swa)
+    assert np.isneginf(want).any() and (want == 0).any()
+    with pytest.raises(pc.InvalidArgument, match="mask output must be float16"):
+        cache.masks(3, n_kv, np.zeros(want.shape, np.float32), out_swa)
+
+
+@pytest.mark.parametrize("n_ids", [2, 9, 10, len(IDS)])
+def test_perplexity_is_the_exp_mean_nll_of_the_forward_batch_by_batch(n_ids):
+    meta, w = tiny("llama", seed=10)
+    ids = (IDS * 2)[:n_ids]
+    z = reference_logits("llama", meta, w, ids)[:-1]
+    logp = z - z.max(axis=1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(axis=1, keepdims=True))
+    want = float(np.exp(-np.mean(logp[np.arange(n_ids - 1), ids[1:]])))
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=4, cache_type="f32")
+    assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(pc.InvalidArgument, match="at least two tokens"):
+        model.perplexity(ids[:1])
+    with pytest.raises(pc.BoundExceeded, match="context"):
+        model.perplexity(list(range(3, 50)) * 2)
+    assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)  # still usable after the refusal
+
+
+def test_a_workspace_gives_back_what_only_a_released_plan_needed():
+    meta, w = tiny("llama", seed=11)
+    model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=8, cache_type="f32")
+    small = model.workspace.nbytes
+    model.logits(IDS[:8])  # every position's logits: the largest arena
+    assert model.workspace.nbytes > small
+    for n in range(1, 5):  # other shapes push the all-logits graph out of the cache
+        model.eval(IDS[:n])
+        model.cache.clear()
+    assert all(k[2] == 1 for k in model._graphs)
+    assert model.workspace.nbytes == max(g.plan.arena_bytes for g in model._graphs.values())

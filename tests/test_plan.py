@@ -243,3 +243,88 @@ def test_plan_refuses_a_workspace_that_is_not_one():
     out, _ = _chain(pc.Context(), 10, 0)
     with pytest.raises(pc.InvalidArgument, match="workspace must be a prism_core.Workspace"):
         pc.plan(out, "numpy", workspace=bytearray(10))
+
+
+@pytest.mark.parametrize("backend", [b.name for b in pc.backends() if b.available])
+def test_io_in_arena_puts_inputs_and_outputs_in_the_workspace(backend):
+    ctx, ws = pc.Context(), pc.Workspace()
+    rng = np.random.default_rng(3)
+    plans = []
+    for n in (64, 2000):  # the second plan grows the buffer: the first moves with its inputs and output
+        x = ctx.new_tensor(pc.F32, (n,)).set_input()
+        out = pc.add(pc.mul(pc.exp(x), pc.sin(x)), pc.cos(x)).set_output()
+        p = pc.plan(out, backend, workspace=ws, io_in_arena=True)
+        assert p.protected_bytes == 0 and np.shares_memory(x.storage(), ws.buffer)
+        assert np.shares_memory(out.storage(), ws.buffer)
+        plans.append((p, x, out))
+    assert ws.nbytes == max(p.arena_bytes for p, _, _ in plans)
+    assert not ctx._raw, "inputs and outputs own no memory of their own"
+    for _ in range(2):  # alternately: set the inputs, compute, read the output before the next compute
+        for p, x, out in plans:
+            v = rng.uniform(-1, 1, x.ne[0]).astype(np.float32)
+            x.set(v)
+            p.compute()
+            w = v.astype(np.float64)
+            np.testing.assert_allclose(out.numpy(), np.exp(w) * np.sin(w) + np.cos(w), rtol=1e-5, atol=1e-6)
+
+
+def test_io_in_arena_carries_a_value_set_before_planning_and_keeps_params_and_mapped_leafs():
+    ctx = pc.Context()
+    x = ctx.from_numpy(np.arange(6, dtype=np.float32)).set_input()  # set before planning
+    w = ctx.from_numpy(np.full(6, 2.0, np.float32)).set_input().set_param()
+    m = ctx.map_tensor(pc.F32, (6,), np.ones(6, np.float32).view(np.uint8)).set_input()
+    out = pc.add(pc.mul(x, w), m).set_output()
+    p = pc.plan(out, "numpy", io_in_arena=True)
+    assert np.shares_memory(x.storage(), p.arena) and np.shares_memory(out.storage(), p.arena)
+    assert not np.shares_memory(w.storage(), p.arena) and not np.shares_memory(m.storage(), p.arena)
+    p.compute()
+    np.testing.assert_array_equal(out.numpy(), 2 * np.arange(6) + 1)
+    with pytest.raises(pc.InvalidArgument, match="io_in_arena must be a bool"):
+        pc.plan(out, "numpy", io_in_arena=1)
+
+
+def test_io_in_arena_never_writes_an_op_over_an_input():
+    ctx = pc.Context()
+    x = ctx.new_tensor(pc.F32, (8,)).set_input()
+    first = pc.neg(x)  # in-place capable, and x dies at it: without inputs in the arena it could reuse x
+    out = pc.sqr(pc.scale(first, 3.0)).set_output()
+    p = pc.plan(out, "numpy", io_in_arena=True)
+    at = {id(t): off for t, off in p.offsets}
+    assert at[id(first)] + first.nbytes <= at[id(x)] or at[id(x)] + x.nbytes <= at[id(first)]
+    assert p.inplace_reuses == 2  # scale over neg, the output over scale (its block then lives to the end)
+    for v in (np.arange(8, dtype=np.float32), np.full(8, -1.5, np.float32)):
+        x.set(v)
+        p.compute()
+        np.testing.assert_allclose(out.numpy(), (3 * v.astype(np.float64)) ** 2, rtol=1e-6)
+
+
+def test_a_grown_workspace_leaves_no_old_buffer_alive():
+    import gc
+    import weakref
+    ctx, ws = pc.Context(), pc.Workspace()
+    small, _ = _chain(ctx, 100, 0)
+    p = pc.plan(small, "numpy", workspace=ws, io_in_arena=True)
+    p.compute()
+    small.numpy()  # caches a host view over the current buffer
+    old = weakref.ref(ws.buffer)
+    big, _ = _chain(ctx, 5000, 1)
+    pc.plan(big, "numpy", workspace=ws, io_in_arena=True)
+    gc.collect()
+    assert old() is None, "a cached host view kept the outgrown buffer alive"
+
+
+def test_context_discard_frees_a_graph_and_refuses_to_orphan_a_view():
+    ctx = pc.Context()
+    keep = ctx.new_tensor(pc.F32, (1000,))
+    before = (len(ctx.tensors), ctx.used)
+    x = ctx.new_tensor(pc.F32, (1000,)).set_input()
+    y = pc.add(pc.exp(x), keep)
+    pc.compute(y, "numpy")
+    created = ctx.tensors[before[0]:]
+    ctx.discard(created)
+    assert (len(ctx.tensors), ctx.used) == before and ctx.tensors == [keep]
+    assert not any(id(t) in ctx._raw for t in created)
+    v = pc.view_1d(keep, 10, 0)
+    with pytest.raises(pc.InvalidArgument, match="views"):
+        ctx.discard([keep])
+    assert ctx.tensors == [keep, v]  # nothing changed

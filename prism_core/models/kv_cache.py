@@ -27,6 +27,16 @@ CACHE_TYPES = (F16, F32, GGMLType.Q8_0)
 _VISIBLE, _HIDDEN = np.float16(0.0), np.float16(-np.inf)
 
 
+def _fill(visible: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if out is None:
+        return np.where(visible, _VISIBLE, _HIDDEN)
+    if out.shape != visible.shape or out.dtype != np.float16:
+        raise InvalidArgument(f"mask output must be float16 {visible.shape}, got {out.dtype} {out.shape}")
+    out.fill(_HIDDEN)
+    np.copyto(out, _VISIBLE, where=visible)
+    return out
+
+
 def _padded(n: int) -> int:
     return -(-n // KV_PAD) * KV_PAD
 
@@ -81,21 +91,21 @@ class KVCache:
         pos = self.n_past + np.arange(n_tokens, dtype=np.int64)
         return pos, pos % self.n_ring
 
-    def masks(self, n_tokens: int, n_kv: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def masks(self, n_tokens: int, n_kv: int, out: np.ndarray | None = None,
+              out_swa: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """The causal mask, F16 [n_tokens, n_kv] in NumPy order (query position q sees cell j when j <= q), and
         on a model with a sliding window the ring's, [n_tokens, n_kv_ring(n_kv)]: q sees the position p a
-        cell holds (once this batch is written) when p <= q and q - p < window."""
-        # int32 positions and F16 fills: a 512 x 2048 prefill mask costs 1 MB of booleans, not int64/float64 temporaries
-        q = (self.n_past + np.arange(n_tokens, dtype=np.int32))[:, None]
+        cell holds (once this batch is written) when p <= q and q - p < window. Written into ``out`` and
+        ``out_swa`` (float16 arrays of those shapes, e.g. the graph's mask inputs) when given."""
+        q = (self.n_past + np.arange(n_tokens, dtype=np.int32))[:, None]  # int32: no int64 temporaries
         j = np.arange(n_kv, dtype=np.int32)[None, :]
-        causal = np.where(j <= q, _VISIBLE, _HIDDEN)
+        causal = _fill(j <= q, out)
         if not self.window:
             return causal, None
         last = self.n_past + n_tokens - 1
         c = np.arange(self.n_kv_ring(n_kv), dtype=np.int32)[None, :]
         held = last - (last - c) % self.n_ring  # the newest position with that cell, -ve: none yet
-        visible = (held >= 0) & (held <= q) & (q - held < self.window)
-        return causal, np.where(visible, _VISIBLE, _HIDDEN)
+        return causal, _fill((held >= 0) & (held <= q) & (q - held < self.window), out_swa)
 
     def clear(self) -> None:
         """Forget every token (the cells' contents are masked until overwritten)."""

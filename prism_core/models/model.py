@@ -31,10 +31,11 @@ from .kv_cache import KVCache
 from .sampling import Sampler
 
 DEFAULT_N_CTX = 2048
-MAX_PLANS = 8  # planned graphs kept; the least recently used one releases its memory
+MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the least recently used one is discarded
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
-# never goes back, so older graphs of its shape only hold their inputs and logits (1 MB each for Gemma)
+# never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
+PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class _Graph:
     plan: Plan
     step: Step
     logits: Tensor
+    tensors: list[Tensor]  # every tensor the graph added to the model's context, discarded with it
 
 
 class Model:
@@ -111,6 +113,7 @@ class Model:
     def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         hp, ctx = self.hparams, self.ctx
         swa, n_kv_swa = bool(hp.sliding_window), self.cache.n_kv_ring(n_kv)
+        first = ctx.mark()[0]
         with ctx.transaction():
             step = Step(tokens=ctx.new_tensor(I32, (n_tok,)).set_input(), pos=ctx.new_tensor(I32, (n_tok,)).set_input(),
                         cells=ctx.new_tensor(I64, (n_tok,)).set_input(),
@@ -130,7 +133,10 @@ class Model:
                 logits = B.scale(B.tanh(B.scale(logits, 1.0 / hp.final_softcap)), hp.final_softcap)
             logits.set_output()
             graph = Graph(capacity=64 * hp.n_layer + 64).expand(logits)
-            return _Graph(plan(graph, self.backend, workspace=self.workspace), step, logits)
+            # inputs and logits in the shared workspace too: eval sets the one and copies the other out
+            # around each compute, so no graph holds memory of its own (as llama.cpp's compute buffer)
+            p = plan(graph, self.backend, workspace=self.workspace, io_in_arena=True)
+            return _Graph(p, step, logits, ctx.tensors[first:])
 
     def _graph(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         key = (n_tok, n_kv, n_out)
@@ -141,7 +147,9 @@ class Model:
             others = [k for k in self._graphs if k not in victims]
             victims += others[:max(0, len(others) - MAX_PLANS + 1)]
             for old in victims:
-                self._graphs.pop(old).plan.release()
+                gone = self._graphs.pop(old)
+                gone.plan.release()
+                self.ctx.discard(gone.tensors)
             g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
         self._graphs.move_to_end(key)
         return g
@@ -173,21 +181,22 @@ class Model:
             n_kv = self.cache.n_kv(n)
             g = self._graph(n, n_kv, len(rows))
             past = self.cache.n_past
-            g.step.tokens.set(chunk)
-            g.step.pos.set(np.arange(past, past + n, dtype=np.int32))
+            step = g.step  # the inputs are written through their host views: their types and sizes are ours
+            step.tokens.host().reshape(-1)[:] = chunk
+            step.pos.host().reshape(-1)[:] = np.arange(past, past + n, dtype=np.int32)
             cells, cells_swa = self.cache.cells(n)
-            g.step.cells.set(cells)
-            mask, mask_swa = self.cache.masks(n, n_kv)
-            g.step.mask.set(mask.reshape(g.step.mask.shape))
-            if g.step.mask_swa is not None:
-                g.step.cells_swa.set(cells_swa)
-                g.step.mask_swa.set(mask_swa.reshape(g.step.mask_swa.shape))
-            g.step.out_rows.set(rows)
+            step.cells.host().reshape(-1)[:] = cells
+            swa = step.mask_swa is not None
+            self.cache.masks(n, n_kv, step.mask.host().reshape(n, n_kv),
+                             step.mask_swa.host().reshape(n, -1) if swa else None)
+            if swa:
+                step.cells_swa.host().reshape(-1)[:] = cells_swa
+            step.out_rows.host().reshape(-1)[:] = rows
             g.plan.compute()
             self.cache.n_past = past + n
-            if all_logits or last:
-                out.append(g.logits.numpy().reshape(len(rows), -1).astype(np.float32, copy=True))
-        return np.concatenate(out)
+            if all_logits or last:  # one copy out of the workspace, which the next compute reuses
+                out.append(g.logits.host().reshape(len(rows), -1).copy())
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Float32 logits of every position of ``ids`` from an empty cache: shape (len(ids), n_vocab)."""
@@ -260,10 +269,18 @@ class Model:
         ids = self.encode(text)
         if len(ids) < 2:
             raise InvalidArgument("perplexity needs at least two tokens")
-        z = self.logits(ids)[:-1].astype(np.float64)
-        z -= z.max(axis=1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+        self.cache.n_kv(len(ids))  # refuse a context overflow before any work
+        self.cache.clear()
+        nll = 0.0
+        for lo in range(0, len(ids) - 1, self.n_batch):  # a batch of logits at a time, not (len(ids), n_vocab)
+            z = self.eval(ids[lo:lo + self.n_batch], all_logits=True)
+            nxt = np.asarray(ids[lo + 1:lo + 1 + len(z)])
+            for r in range(0, len(nxt), PERPLEXITY_ROWS):  # float64 a few rows at a time
+                zr = z[r:r + PERPLEXITY_ROWS][:len(nxt) - r].astype(np.float64)
+                m = zr.max(axis=1)
+                lse = m + np.log(np.exp(zr - m[:, None]).sum(axis=1))
+                nll += float((lse - zr[np.arange(len(zr)), nxt[r:r + len(zr)]]).sum())
+        return float(np.exp(nll / (len(ids) - 1)))
 
     def __repr__(self) -> str:
         hp = self.hparams

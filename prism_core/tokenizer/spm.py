@@ -27,7 +27,7 @@ class SpmModel:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self.token_to_id = vocab.token_to_id
-        self.scores = array("d", vocab.scores.astype(np.float64).tobytes())  # a quarter of a list's memory
+        self.scores = array("f", vocab.scores.astype(np.float32).tobytes())  # float, as llama.cpp's scores
         glue = vocab.tokens.chars_before(SPACE)  # characters a token holds right before a space mark
         if glue:
             cls = "".join(re.escape(c) for c in sorted(glue))

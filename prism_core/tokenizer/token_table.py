@@ -1,7 +1,7 @@
 """A vocabulary's token texts in one UTF-8 buffer, with a hash index from text to id.
 
 Gemma 3's 262,144 tokens as a ``list[str]`` and a ``dict[str, int]`` hold about 50 MB of Python
-objects; here they take under 8 MB (the bytes, one offset per token, and a sorted array of hashes),
+objects; here they take about 5 MB (the bytes, and per token a 4-byte offset, hash and id),
 and a GGUF vocabulary is read straight from the file's string array without decoding it. Texts are
 decoded on access (GGUF strings that are not UTF-8 come back with surrogates, as
 :func:`prism_core.gguf_format.decode_text` gives them).
@@ -22,24 +22,37 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", errors="surrogateescape")
 
 
+def _hash32(b: bytes) -> int:
+    """32 bits of the text's hash: collisions only cost a byte comparison, and the index half the memory."""
+    return hash(b) & 0xFFFFFFFF
+
+
+_OFFSET_CODES = {"I": np.uint32, "q": np.int64}
+_CHUNK = 8192  # strings per step of reading a GGUF array
+
+
+def _offsets(total: int) -> array:
+    return array("I" if total < 1 << 32 else "q", [0])
+
+
 class TokenTable(Sequence[str]):
     """Token ``i``'s text is ``data[starts[i]:starts[i + 1]]``; :attr:`index` maps text to id."""
 
     def __init__(self, data: bytes, starts: array) -> None:
-        if starts.typecode != "q" or len(starts) < 1 or starts[0] != 0 or starts[-1] != len(data):
-            raise ValueError("TokenTable: starts must be an array('q') from 0 to len(data)")
+        if starts.typecode not in _OFFSET_CODES or len(starts) < 1 or starts[0] != 0 or starts[-1] != len(data):
+            raise ValueError("TokenTable: starts must be an array('I' or 'q') from 0 to len(data)")
         self._data, self._starts = data, starts
         n = len(starts) - 1
-        hashes = np.fromiter((hash(data[starts[i]:starts[i + 1]]) for i in range(n)), np.int64, n)
+        hashes = np.fromiter((_hash32(data[starts[i]:starts[i + 1]]) for i in range(n)), np.uint32, n)
         order = np.argsort(hashes, kind="stable")  # equal hashes keep id order: the last match is the last id
-        self._hashes = array("q", hashes[order].tobytes())
+        self._hashes = array("I", hashes[order].tobytes())
         self._order = array("i", order.astype(np.int32).tobytes())
         self.index = TokenIndex(self)
 
     @classmethod
     def from_strings(cls, texts: Iterable[str]) -> TokenTable:
         parts = [_utf8(t) for t in texts]
-        starts = array("q", [0])
+        starts = _offsets(sum(len(p) for p in parts))
         total = 0
         for p in parts:
             total += len(p)
@@ -51,16 +64,22 @@ class TokenTable(Sequence[str]):
         """GGUF strings (u64 length, then the bytes) from ``start`` of ``buf``, with their ``lengths``
         as the reader found and bounds-checked them: one copy of the texts, without the length prefixes
         and without building a str per token."""
-        lens = np.frombuffer(lengths, np.int64)
-        total = int(lens.sum()) + 8 * len(lens)
-        raw = np.frombuffer(buf, np.uint8, total, start)
-        keep = np.ones(total, bool)
-        prefixes = np.cumsum(lens + 8) - lens - 8
-        for k in range(8):
-            keep[prefixes + k] = False
-        starts = array("q", [0])
-        starts.frombytes(np.cumsum(lens).astype(np.int64).tobytes())
-        return cls(raw[keep].tobytes(), starts)
+        lens = np.frombuffer(lengths, _OFFSET_CODES[lengths.typecode])
+        parts, pos = [], start
+        for lo in range(0, len(lens), _CHUNK):  # chunk by chunk: no temporary spans the whole array
+            n = lens[lo:lo + _CHUNK].astype(np.int64)
+            span = int(n.sum()) + 8 * len(n)
+            keep = np.ones(span, bool)
+            prefixes = np.cumsum(n + 8) - n - 8
+            for k in range(8):
+                keep[prefixes + k] = False
+            parts.append(np.frombuffer(buf, np.uint8, span, pos)[keep].tobytes())
+            pos += span
+        data = b"".join(parts)
+        del parts
+        starts = _offsets(len(data))
+        starts.frombytes(np.cumsum(lens, dtype=_OFFSET_CODES[starts.typecode]).tobytes())
+        return cls(data, starts)
 
     def __len__(self) -> int:
         return len(self._starts) - 1
@@ -90,15 +109,18 @@ class TokenTable(Sequence[str]):
 
     @property
     def max_nbytes(self) -> int:
-        return int(np.diff(np.frombuffer(self._starts, np.int64)).max(initial=0))
+        return int(np.diff(self._offset_array()).max(initial=0))
 
     def empty_ids(self) -> list[int]:
-        return np.flatnonzero(np.diff(np.frombuffer(self._starts, np.int64)) == 0).tolist()
+        return np.flatnonzero(np.diff(self._offset_array()) == 0).tolist()
+
+    def _offset_array(self) -> np.ndarray:
+        return np.frombuffer(self._starts, _OFFSET_CODES[self._starts.typecode]).astype(np.int64)
 
     def ids_of(self, text: str) -> list[int]:
         """Every id whose text is ``text``, in increasing order."""
         b = _utf8(text)
-        h = hash(b)
+        h = _hash32(b)
         hashes, order, data, s = self._hashes, self._order, self._data, self._starts
         out = []
         k = bisect_left(hashes, h)

@@ -10,6 +10,9 @@ offsets into the original text.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from functools import cache
+
 import numpy as np
 
 from .unicode_data import FLAG_RANGES, LOWERCASE, NFD_RANGES, WHITESPACE
@@ -20,7 +23,9 @@ IS_WHITESPACE = 0x100
 MAX_CODEPOINTS = 0x110000
 
 
-def _flag_table() -> np.ndarray:
+@cache
+def flag_table() -> np.ndarray:
+    """Every codepoint's flags (2.2 MB, built when a pre-tokenizer or WPM first needs it: SPM never does)."""
     starts = np.array(FLAG_RANGES[0::2], dtype=np.int64)
     values = np.array(FLAG_RANGES[1::2], dtype=np.uint16)
     table = np.repeat(values[:-1], np.diff(starts)).astype(np.uint16)
@@ -28,7 +33,9 @@ def _flag_table() -> np.ndarray:
     return table
 
 
-FLAGS = _flag_table()
+def _ascii_flags() -> list[int]:
+    starts, values, ws = FLAG_RANGES[0::2], FLAG_RANGES[1::2], set(WHITESPACE)
+    return [values[bisect_right(starts, c) - 1] | (IS_WHITESPACE if c in ws else 0) for c in range(128)]
 
 # stand-ins for non-ASCII codepoints (private-use characters never left in collapsed text)
 OTHER, REP_NUMBER, REP_LETTER, REP_PUNCT, REP_MARK, REP_SYMBOL = (chr(0xE000 + i) for i in range(6))
@@ -36,12 +43,13 @@ REP_SPACE = "\x0b"  # a whitespace stand-in that is neither \r nor \n, as llama.
 
 
 def _collapse_table() -> np.ndarray:
-    cat = FLAGS & CATEGORIES
+    flags = flag_table()
+    cat = flags & CATEGORIES
     out = np.full(MAX_CODEPOINTS, ord(OTHER), dtype=np.uint32)
     for flag, rep in ((NUMBER, REP_NUMBER), (LETTER, REP_LETTER), (PUNCTUATION, REP_PUNCT),
                       (ACCENT_MARK, REP_MARK), (SYMBOL, REP_SYMBOL)):
         out[cat == flag] = ord(rep)
-    out[(FLAGS & IS_WHITESPACE) != 0] = ord(REP_SPACE)
+    out[(flags & IS_WHITESPACE) != 0] = ord(REP_SPACE)
     out[:128] = np.arange(128)
     return out
 
@@ -69,7 +77,7 @@ def spaces_to_stand_in(text: str) -> str:
     if text.isascii():
         return text
     cps = codepoints(text).copy()
-    wide_space = (cps > 0x7F) & ((FLAGS[cps] & IS_WHITESPACE) != 0)
+    wide_space = (cps > 0x7F) & ((flag_table()[cps] & IS_WHITESPACE) != 0)
     if not wide_space.any():
         return text
     cps[wide_space] = ord(REP_SPACE)
@@ -78,13 +86,14 @@ def spaces_to_stand_in(text: str) -> str:
 
 def ascii_members(flag: int) -> str:
     """The ASCII characters whose category is ``flag`` (or, for IS_WHITESPACE, that are whitespace)."""
+    flags = _ascii_flags()
     if flag == IS_WHITESPACE:
-        return "".join(chr(c) for c in range(128) if FLAGS[c] & IS_WHITESPACE)
-    return "".join(chr(c) for c in range(128) if (FLAGS[c] & CATEGORIES) == flag)
+        return "".join(chr(c) for c in range(128) if flags[c] & IS_WHITESPACE)
+    return "".join(chr(c) for c in range(128) if (flags[c] & CATEGORIES) == flag)
 
 
 def flags_of(cp: int) -> int:
-    return int(FLAGS[cp]) if cp < MAX_CODEPOINTS else UNDEFINED
+    return int(flag_table()[cp]) if cp < MAX_CODEPOINTS else UNDEFINED
 
 
 _LOWER = dict(zip(LOWERCASE[0::2], LOWERCASE[1::2]))

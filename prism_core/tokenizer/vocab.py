@@ -136,15 +136,15 @@ def _numbers(meta: Mapping[str, Any], key: str, n: int, dtype: type) -> np.ndarr
     v = meta[key]
     if isinstance(v, (str, bytes)):
         raise InvalidArgument(f"{key}: expected a numeric array, got a string")
-    try:
-        arr = np.asarray(v, dtype=np.float64)
+    try:  # a file's array keeps its dtype when it converts exactly (no float64 copy of a vocabulary)
+        arr = v if isinstance(v, np.ndarray) and np.can_cast(v.dtype, dtype) else np.asarray(v, dtype=np.float64)
     except (TypeError, ValueError) as e:
         raise InvalidArgument(f"{key}: expected a numeric array ({e})") from None
     if arr.ndim != 1:
         raise InvalidArgument(f"{key}: expected a 1-d array, got shape {arr.shape}")
     if len(arr) != n:
         raise InvalidArgument(f"{key} has {len(arr)} entries but {KEY}tokens has {n}: the arrays must agree in length")
-    return arr.astype(dtype)
+    return arr.astype(dtype, copy=False)
 
 
 def _byte_array(meta: Mapping[str, Any], key: str) -> bytes:
