@@ -18,9 +18,10 @@ For each prompt of PROMPTS:
   (c) text: Prism's streamed pieces joined against llama.cpp's detokenization of the same ids, both
       ``llm.detokenize`` (the ``llama_token_to_piece`` pieces joined, control tokens silent: what llama-cli
       streams) and ``llama_detokenize``.
-Before the prompts, every token's piece (``llama_token_to_piece``, special and not) and the end-of-generation
-set (``llama_vocab_is_eog`` of every id against ``Model.eog_ids``) are compared too. In the table, "@k a/b" is a
-first divergence at generated token k with llama.cpp's top-2 margin a and Prism's b there, "BIG" when a is not a
+Before the prompts, ``--fuzz`` random strings (pieces of FUZZ_POOL joined) are tokenised by both, and every
+token's piece (``llama_token_to_piece``, special and not) and the end-of-generation set (``llama_vocab_is_eog``
+of every id against ``Model.eog_ids``) are compared. In the table, "@k a/b" is a first divergence at generated
+token k with llama.cpp's top-2 margin a and Prism's b there, "BIG" when a is not a
 near-tie, "T!" when the texts differ.
 
 llama.cpp runs with ``n_ctx`` as Prism's default (2048), 2 threads, its default F16 cache, flash attention
@@ -66,6 +67,11 @@ PROMPTS: tuple[tuple[str, str], ...] = (  # (label, prompt)
     # ~700 tokens: past Gemma 3's sliding window (512) and llama.cpp's and Prism's batch of 512
     ("past-window", " ".join(f"Item {i} costs {i * 3} dollars." for i in range(1, 100))),
 )
+FUZZ_POOL = (list(" \t\n\r") + ["  ", "\n\n", " \n", "\t\t"] + list("abcXYZ019.,;:!?'\"-_()[]{}<>/\\#$%&*+=@^`|~")
+             + ["the", " the", "ing", "Hello", " world", "1234567", "3.14", "é", "ß", "ü", "Ä", "ñ", "ç", "œ", "東京",
+                "北京", "한국", "日本語", "Привет", "مرحبا", "🍕", "🚀", "👩‍💻", "😀", "\u200b", "\x01", "\x7f", "ꙮ",
+                "𝔘", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<b>", "</s>", "<s>", "<unused7>",
+                "<start_of_image>", "<pad>", "<mask>", "user\n", "model\n", "▁", "\u3000", "\xa0"])
 NEAR_TIE = 0.5  # a llama.cpp top-2 margin below this: its Q8 activations can flip the argmax
 
 
@@ -226,7 +232,16 @@ def survey(args: argparse.Namespace) -> dict:
     print(f"pieces: {tok.n_vocab} tokens, wrong with special=True: {len(bad[True])} {bad[True][:10]}, "
           f"special=False: {len(bad[False])} {bad[False][:10]}", flush=True)
 
-    # (a) tokens
+    # (a) tokens, on random strings first
+    rng = np.random.default_rng(args.fuzz_seed)
+    fuzz_bad = []
+    for _ in range(args.fuzz):
+        text = "".join(rng.choice(FUZZ_POOL, size=int(rng.integers(1, 24))))
+        if peer.tokenize(text) != model.encode(text):
+            fuzz_bad.append(text)
+    report["fuzz"] = {"n": args.fuzz, "seed": args.fuzz_seed, "wrong": fuzz_bad[:20], "n_wrong": len(fuzz_bad)}
+    print(f"random strings: {args.fuzz - len(fuzz_bad)}/{args.fuzz} tokenise as llama.cpp's"
+          + (f"; first wrong: {fuzz_bad[:3]!r}" if fuzz_bad else ""), flush=True)
     prompt_ids = {}
     for label, prompt in picked:
         want, got = peer.tokenize(prompt), model.encode(prompt)
@@ -327,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="on/off: llama.cpp's sliding-window cache at full size (the library's default) or "
                          "window-sized (llama-cli's default)")
     ap.add_argument("--cli", action="store_true", help="also run `prism run --json` on csimd for every prompt")
+    ap.add_argument("--fuzz", type=int, default=2000, help="random strings of FUZZ_POOL pieces to tokenise")
+    ap.add_argument("--fuzz-seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the whole report here")
     args = ap.parse_args(argv)
     rep = survey(args)
