@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"))
     r.add_argument("--no-flash-attn", action="store_true",
                    help="attend as llama.cpp's default graph (K·q, softmax, V·p) instead of the fused FLASH_ATTN_EXT")
+    r.add_argument("-sp", "--special", action="store_true",
+                   help="print control tokens' text (<bos>, <unused0>, ...), as llama.cpp's --special")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bars on stderr while the model file is assembled and the backend compiles its "
@@ -56,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             load_s = time.perf_counter() - t0
             prompt_ids = model.encode(args.prompt)
             ids, pieces, first = [], [], None
-            for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler):
+            for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler,
+                                      special=args.special):
                 if first is None:
                     first = time.perf_counter() - t0
                     bars.close()  # the text streams from here: no bar line between its pieces

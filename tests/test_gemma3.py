@@ -44,6 +44,9 @@ def test_prompt_tokenises_as_llama_cpp():
     model = load(path(), backend="numpy", n_ctx=64)
     assert model.encode(PROMPT) == LLAMA_CPP_IDS
     assert model.tokenizer.decode(LLAMA_CPP_IDS[1:]) == PROMPT
+    # generation ends where llama.cpp 0.3.36's does (llama_vocab_is_eog over the vocabulary): <eos>,
+    # <end_of_turn> and "</s>"
+    assert model.eog_ids == {1, 106, 212}
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba", "csimd"])

@@ -198,8 +198,63 @@ def test_greedy_generation_follows_the_argmax_of_the_forward():
 
 
 class _DigitsTokenizer:
-    def decode(self, ids):
-        return " ".join(map(str, ids))
+    def piece_bytes(self, token, special=True):
+        return f" {token}".encode()
+
+
+class _Script:
+    """A "sampler" that emits the given ids one per step, whatever the logits."""
+
+    def __init__(self, ids):
+        self.ids, self.n = list(ids), 0
+
+    def __call__(self, logits, history=()):
+        self.n += 1
+        return self.ids[self.n - 1]
+
+
+def _spm_vocabulary(n_vocab: int) -> dict:
+    """An SPM vocabulary (llama.cpp adds a space prefix to SPM text) with two byte tokens, a control token
+    and plain pieces."""
+    tokens = ["<unk>", "<s>", "</s>", "<0xC3>", "<0xA9>", "<ctl>"] + [f"\u2581t{i}" for i in range(6, n_vocab)]
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0] * 6 + [-float(i) for i in range(6, n_vocab)],
+            "tokenizer.ggml.token_type": [2, 3, 3, 6, 6, 3] + [1] * (n_vocab - 6),
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.unknown_token_id": 0}
+
+
+def test_generated_text_is_each_tokens_piece_as_llama_cpp_streams_it():
+    """llama.cpp's command line prints llama_token_to_piece of every token: the first one keeps the space
+    SPM pieces start with (the text continues the prompt), control tokens print nothing unless --special,
+    and a character split over byte tokens appears once whole; cut short, its bytes show as U+FFFD."""
+    meta, w = tiny("llama", seed=5)
+    model = Model(to_tensors(w), {**meta, **_spm_vocabulary(50)}, backend="numpy", n_ctx=64)
+
+    def texts(script, special=False, n=None):
+        toks = model.generate([1, 7], max_tokens=n or len(script), sampler=_Script(script), special=special)
+        return [t.text for t in toks]
+
+    assert texts([8, 9]) == [" t8", " t9"]
+    assert texts([8, 5, 9]) == [" t8", "", " t9"]
+    assert texts([8, 5, 9], special=True) == [" t8", "<ctl>", " t9"]
+    assert texts([3, 4, 8]) == ["", "\u00e9", " t8"]  # <0xC3><0xA9>: UTF-8 of e-acute
+    assert texts([8, 3]) == [" t8", "\ufffd"]  # the generation ends inside the character
+    assert texts([4, 8]) == ["\ufffd", " t8"]  # a continuation byte starts no character
+    assert texts([8, 2, 9]) == [" t8"]  # </s> ends the generation
+
+
+def test_generation_ends_on_every_token_llama_cpp_ends_on():
+    """Besides the eos id, llama.cpp ends generation on tokens it knows by name ("<eos>", "<|im_end|>", ...)
+    and on the metadata's eot and eom ids."""
+    meta, w = tiny("llama", seed=5)
+    vocab = _spm_vocabulary(50)
+    vocab["tokenizer.ggml.tokens"] = vocab["tokenizer.ggml.tokens"][:9] + ["<eos>", "<|im_end|>"] + \
+        vocab["tokenizer.ggml.tokens"][11:]
+    model = Model(to_tensors(w), {**meta, **vocab, "tokenizer.ggml.eom_token_id": 12}, backend="numpy", n_ctx=64)
+    assert model.eog_ids == {2, 9, 10, 12}
+    for end in (2, 9, 10, 12):
+        assert [t.id for t in model.generate([1, 7], max_tokens=3, sampler=_Script([8, end, 8]))] == [8]
 
 
 def test_samplers_are_reproducible_and_respect_their_filters():

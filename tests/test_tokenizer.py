@@ -101,6 +101,13 @@ def test_bpe_control_tokens_need_parse_special():
     assert tok.is_eog(7)
 
 
+def test_the_eom_token_of_the_metadata_ends_generation():
+    """llama.cpp adds tokenizer.ggml.eom_token_id to its end-of-generation set, as it does eos and eot."""
+    tok = from_metadata({**bpe_meta(["a b"]), K + "eom_token_id": 6})
+    assert tok.is_eog(6) and tok.vocab.eog == {6, 7}
+    assert from_metadata(bpe_meta(["a b"])).vocab.eog == {7}
+
+
 def wpm_meta():
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581hello", "\u2581he", "llo", "\u2581,", "\u2581world"]
     return {K + "model": "bert", K + "tokens": tokens, K + "token_type": np.array([CONTROL] * 4 + [NORMAL] * 5),
@@ -387,7 +394,9 @@ def test_gemma3_prompt():
     assert ids == [2, 818, 5279, 529, 7001, 563]  # llama.cpp's ids (shared/reference/gemma3.md)
     assert tok.pieces(ids) == ["<bos>", "The", " capital", " of", " France", " is"]
     assert tok.encode("<start_of_turn>user", add_special=False, parse_special=True)[0] == 105
-    assert [tok.is_eog(i) for i in (1, 106)] == [True, True]
+    # llama.cpp 0.3.36's llama_vocab_is_eog over all 262144 ids: <eos>, <end_of_turn> and "</s>" (212, an
+    # HTML tag here, but a text llama.cpp ends generation on)
+    assert tok.vocab.eog == {1, 106, 212}
     assert tok.decode(ids, special=False) == "The capital of France is"
     with pytest.raises(PrismError):
         tok.decode([262144])

@@ -7,6 +7,7 @@ processed in batches of ``n_batch`` tokens. Weights stay as loaded (quantized, m
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,9 +36,6 @@ MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the le
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
 PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
-# Token texts llama.cpp also treats as end of generation (besides the eos/eot/eom ids).
-EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-                       "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})
 
 
 @dataclass(frozen=True)
@@ -216,14 +214,13 @@ class Model:
 
     @cached_property
     def eog_ids(self) -> frozenset[int]:
-        """The ids that end generation; found on first use, so scoring never decodes the vocabulary."""
-        ids = {int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                           "tokenizer.ggml.eom_token_id") if k in self.meta}
-        if "tokenizer.ggml.tokens" in self.meta:
-            from ..tokenizer.vocab import token_table  # the tokenizer's own table, read once per file
-            table = token_table(self.meta)
-            ids.update(i for text in EOG_TEXTS for i in table.ids_of(text))
-        return frozenset(ids)
+        """The ids that end generation: the vocabulary's (llama.cpp's end-of-generation set: eos, eot, eom
+        and the tokens it knows by name); without a vocabulary, the eos/eot/eom ids the metadata names."""
+        vocab = getattr(self.tokenizer, "vocab", None) if "tokenizer.ggml.tokens" in self.meta else None
+        if vocab is not None:
+            return vocab.eog
+        return frozenset(int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                                     "tokenizer.ggml.eom_token_id") if k in self.meta)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -232,10 +229,14 @@ class Model:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64,
-                 sampler: Sampler | None = None) -> Iterator[Token]:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
+                 special: bool = False) -> Iterator[Token]:
         """Yield tokens as they are produced, from a fresh cache, until ``max_tokens`` or an
-        end-of-generation token (not yielded)."""
+        end-of-generation token (not yielded). Each token's text is its piece (llama_token_to_piece),
+        as llama.cpp's command line streams it: nothing stripped or cleaned, so the pieces joined
+        continue the prompt's text; control tokens show their text only with ``special`` (its
+        ``--special``). The bytes of a UTF-8 character split over several tokens come with the token
+        that completes it; bytes no token completes become U+FFFD (at the latest with the last token)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         sampler = sampler if sampler is not None else Sampler.greedy()
@@ -248,18 +249,16 @@ class Model:
         start = time.perf_counter()
         logits = self.eval(ids)[-1]
         t.prompt_s = time.perf_counter() - start
-        history, out = list(ids), []
-        text = ""
+        history, n_out = list(ids), 0
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for _ in range(max_tokens):
             tok = sampler(logits, history)
             if tok in self.eog_ids:
                 return
             history.append(tok)
-            out.append(tok)
-            full = self.tokenizer.decode(out)
-            piece, text = (full[len(text):], full) if not full.endswith("\ufffd") else ("", text)
-            yield Token(tok, piece)
-            if len(out) < max_tokens:
+            n_out += 1
+            yield Token(tok, utf8.decode(self.tokenizer.piece_bytes(tok, special), final=n_out == max_tokens))
+            if n_out < max_tokens:
                 start = time.perf_counter()
                 logits = self.eval([tok])[-1]
                 t.decode_s += time.perf_counter() - start

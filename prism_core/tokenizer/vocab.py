@@ -75,6 +75,7 @@ class Vocab:
     sep: int | None = None
     pad: int | None = None
     eot: int | None = None
+    eom: int | None = None
     eog: frozenset[int] = frozenset()
     add_bos: bool = False
     add_eos: bool = False
@@ -244,9 +245,10 @@ def from_metadata(meta: Mapping[str, Any]) -> Vocab:
         v.attrs = array("I", np.where(known, lut[np.clip(types, 0, len(lut) - 1)], 0).astype(np.uint32).tobytes())
     v.max_token_len = tokens.max_nbytes
 
-    specials = {"bos": bos, "eos": eos, "unk": unk, "sep": sep, "pad": pad, "eot": None}
+    specials = {"bos": bos, "eos": eos, "unk": unk, "sep": sep, "pad": pad, "eot": None, "eom": None}
     for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"),
-                      ("unk", "unknown_token_id"), ("sep", "seperator_token_id"), ("pad", "padding_token_id")):
+                      ("eom", "eom_token_id"), ("unk", "unknown_token_id"), ("sep", "seperator_token_id"),
+                      ("pad", "padding_token_id")):
         if specials[name] is not None and specials[name] >= n:
             specials[name] = None
         if KEY + key in meta:
@@ -286,7 +288,10 @@ def _fix_attrs(v: Vocab, meta: Mapping[str, Any]) -> None:
     if v.eot is None and (i := first_of(EOT_NAMES)) is not None:
         v.eot = i
         make_control(i)
-    for names in (EOM_NAMES, *FIM_NAMES):
+    if v.eom is None and (i := first_of(EOM_NAMES)) is not None:
+        v.eom = i
+        make_control(i)
+    for names in FIM_NAMES:
         if (i := first_of(names)) is not None:
             make_control(i)
     fim_eog = [i for names in FIM_NAMES[3:] if (i := first_of(names)) is not None]
@@ -302,7 +307,7 @@ def _fix_attrs(v: Vocab, meta: Mapping[str, Any]) -> None:
     for name in USER_DEFINED_NAMES:
         if name in ids:
             attrs[ids[name]] = ATTR_USER_DEFINED
-    for i in (v.eos, v.eot):
+    for i in (v.eos, v.eot, v.eom):
         if i is not None:
             eog.add(i)
     texts = {v.tokens[i]: i for i in eog}
