@@ -165,11 +165,14 @@ _SENTENCE = ("The river bends twice before the old mill, where seven herons wait
 
 def _long_prompt(path: str, n_tokens: int) -> str:
     """A text of about ``n_tokens`` Gemma tokens (counted with Prism's tokenizer of the file)."""
-    import prism_core.models as M
-    model = M.load(path, backend="numpy", n_ctx=64)
-    per = len(model.encode(_SENTENCE * 10)) / 10
-    text = _SENTENCE * int(n_tokens / per)
-    while len(model.encode(text)) > n_tokens:
+    import prism_core as pc
+    from prism_core.tokenizer import from_metadata
+    tok = from_metadata(pc.gguf.load(path).meta)  # the tokenizer alone: no model graphs planned
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special=True, parse_special=True))
+    text = _SENTENCE * int(n_tokens / (count(_SENTENCE * 10) / 10))
+    while count(text) > n_tokens:
         text = text[:-len(_SENTENCE)]
     return text
 

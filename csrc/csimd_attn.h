@@ -85,6 +85,14 @@ ATTR static void FN(xa_pv)(float *restrict a0, float *restrict a1, const float *
     }
 }
 
+/* each lane's query position and head: rows r0 .. r0 + VL - 1 of head group hg (G heads), query-major */
+ATTR static inline void FN(xa_lanes)(int64_t r0, int64_t G, int64_t hg, int64_t *IQ, int64_t *HQ) {
+    for (int64_t l = 0; l < VL; l++) {
+        IQ[l] = (r0 + l) / G;
+        HQ[l] = hg * G + (r0 + l) % G;
+    }
+}
+
 /* the output rows of one block from its accumulators A (VL rows of dvp), maxima M and sums L: a sink joins
    the softmax's denominator; out = accumulator / sum (0 for a row that saw nothing) */
 ATTR static void FN(xa_finish)(float *restrict A, const float *M, const float *L, const int64_t *IQ,
@@ -155,10 +163,9 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
             const int64_t qb = it % nqb, hg = (it / nqb) % NG, b = it / (nqb * NG);
             const int64_t r0 = qb * VL, nq = NROW - r0 < VL ? NROW - r0 : VL;
             const int64_t hk = hg * G / rk, hv = hg * G / rv;
-            int64_t IQ[VL], HQ[VL]; /* each lane's query position and head */
+            int64_t IQ[VL], HQ[VL];
+            FN(xa_lanes)(r0, G, hg, IQ, HQ);
             for (int64_t l = 0; l < VL; l++) {
-                IQ[l] = (r0 + l) / G;
-                HQ[l] = hg * G + (r0 + l) % G;
                 if (l < nq) FN(row_to_f32)(T, ELT(q, 0, IQ[l], HQ[l], b), q->type, q->nb[0], D);
                 for (int64_t e = 0; e < D; e++) Qt[e * VL + l] = l < nq ? T[e] : 0.0f;
             }
@@ -247,9 +254,8 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                 const int64_t r0 = qb * VL, nq = NROW - r0 < VL ? NROW - r0 : VL;
                 int64_t IQ[VL], HQ[VL];
                 float Mm[VL], Lm[VL];
+                FN(xa_lanes)(r0, G, hg, IQ, HQ);
                 for (int64_t l = 0; l < VL; l++) {
-                    IQ[l] = (r0 + l) / G;
-                    HQ[l] = hg * G + (r0 + l) % G;
                     Mm[l] = -INFINITY;
                     Lm[l] = 0.0f;
                     for (int64_t sg = 0; sg < nseg; sg++) {

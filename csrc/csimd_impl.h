@@ -508,7 +508,7 @@ ATTR static void FN(get_rows)(const csimd_tensor *a, const csimd_tensor *idx, co
             unravel_row(d, ir, &i, &j, &k);
             int32_t r;
             memcpy(&r, ELT(idx, i, j, k, 0), 4);
-            if (r < 0 || r >= a->ne[1]) continue; /* validated by the caller; never read outside */
+            if (r < 0 || r >= a->ne[1]) continue; /* csimd_get_rows checked; never read outside */
             if (a->type == CSIMD_I32) { /* integer rows are copied exactly */
                 for (int64_t e = 0; e < n0; e++) memcpy(ELT(d, e, i, j, k), ELT(a, e, r, j, k), 4);
                 continue;

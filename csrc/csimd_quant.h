@@ -155,6 +155,26 @@ static inline float q_signed_absmax(int n, const float *x, float *amax_out) {
     return max;
 }
 
+/* the multiplier and stored scale of one Q8_0 or Q8_K activation block whose largest magnitude is amax,
+   as q_quant_q8_0 (x86 path) and q_quant_q8_k choose them: the vector fills of csimd_quant_impl.h */
+static inline void q_act_scale(int at, const float *xb, float amax, float *d, float *mul) {
+    *d = *mul = 0.0f;
+    if (at == Q_Q8_K) {
+        if (amax != 0.0f) {
+            int j = 0; /* the first value of the largest magnitude, with its sign */
+            while (fabsf(xb[j]) != amax) j++;
+            const float iscale = -127.0f / xb[j];
+            *mul = iscale;
+            *d = 1.0f / iscale;
+        }
+    } else {
+        uint8_t h[2];
+        q_put_f16(h, amax / 127.0f);
+        *d = q_f16(h); /* the block stores d as fp16 */
+        *mul = amax != 0.0f ? 127.0f / amax : 0.0f;
+    }
+}
+
 static void q_quant_q8_k(const float *x, uint8_t *y) {
     float amax;
     const float max = q_signed_absmax(256, x, &amax);
@@ -305,14 +325,19 @@ static void q_quant_tq1_0(const float *x, uint8_t *y) {
 /* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): L[i] in 0..2*nmax-1,
    returns the scale; 18 further scales tried around -nmax/max. Float operations in ggml's order. */
 #define Q_GROUP_MAX_EPS 1e-15f
+/* *max = the group's element of largest magnitude; a group whose magnitude is below Q_GROUP_MAX_EPS gets
+   all-zero quants and returns 1 (its scale is 0) */
+static inline int q_group_is_empty(int n, const float *x, int8_t *L, float *max) {
+    float amax;
+    *max = q_signed_absmax(n, x, &amax);
+    if (amax >= Q_GROUP_MAX_EPS) return 0;
+    for (int i = 0; i < n; i++) L[i] = 0;
+    return 1;
+}
 __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
                                                                                  int8_t *L) {
-    float amax;
-    const float max = q_signed_absmax(n, x, &amax);
-    if (amax < Q_GROUP_MAX_EPS) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.0f;
-    }
+    float max;
+    if (q_group_is_empty(n, x, L, &max)) return 0.0f;
     float iscale = -(float)nmax / max, sumlx = 0.0f, suml2 = 0.0f;
     for (int i = 0; i < n; i++) {
         int l = q_nearest_int(iscale * x[i]);

@@ -665,7 +665,6 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
             finite &= _mm512_cmp_ps_mask(ax, inf, _CMP_LT_OQ);
             mx = _mm512_max_ps(ax, mx);
         }
-        float d = 0.0f, mul = 0.0f;
         if (finite != 0xFFFF) { /* the scalar quantizer, then decoded as q_arow_fill_blocks does */
             float sc[16], mn[16];
             q_quantize_block(at, 0, xb, tmp);
@@ -673,21 +672,8 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
             for (int g = 0; g < be / 16; g++) ls[4 * g] = ls[4 * g + 1] = ls[4 * g + 2] = ls[4 * g + 3] = sc[g];
             continue;
         }
-        const float amax = _mm512_reduce_max_ps(mx);
-        if (at == Q_Q8_K) {
-            if (amax != 0.0f) {
-                int j = 0; /* the first value of the largest magnitude, with its sign */
-                while (fabsf(xb[j]) != amax) j++;
-                const float iscale = -127.0f / xb[j];
-                mul = iscale;
-                d = 1.0f / iscale;
-            }
-        } else {
-            uint8_t h[2];
-            q_put_f16(h, amax / 127.0f);
-            d = q_f16(h); /* the block stores d as fp16 */
-            mul = amax != 0.0f ? 127.0f / amax : 0.0f;
-        }
+        float d, mul;
+        q_act_scale(at, xb, _mm512_reduce_max_ps(mx), &d, &mul);
         const __m512 vm = _mm512_set1_ps(mul);
         for (int j = 0; j < be; j += 16) {
             __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(vm, _mm512_loadu_ps(xb + j)));
@@ -723,7 +709,6 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
             finite &= _mm256_movemask_ps(_mm256_cmp_ps(ax, inf, _CMP_LT_OQ));
             mx = _mm256_max_ps(ax, mx);
         }
-        float d = 0.0f, mul = 0.0f;
         if (finite != 0xFF) {
             float sc[16], mn[16];
             q_quantize_block(at, 0, xb, tmp);
@@ -733,21 +718,8 @@ QATTR static void FN(q_arow_fill_fast)(int at, const float *x, int64_t K, int64_
         }
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        if (at == Q_Q8_K) {
-            if (amax != 0.0f) {
-                int j = 0;
-                while (fabsf(xb[j]) != amax) j++;
-                const float iscale = -127.0f / xb[j];
-                mul = iscale;
-                d = 1.0f / iscale;
-            }
-        } else {
-            uint8_t h[2];
-            q_put_f16(h, amax / 127.0f);
-            d = q_f16(h);
-            mul = amax != 0.0f ? 127.0f / amax : 0.0f;
-        }
+        float d, mul;
+        q_act_scale(at, xb, _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), &d, &mul);
         const __m256 vm = _mm256_set1_ps(mul);
         for (int j = 0; j < be; j += 8) {
             __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(vm, _mm256_loadu_ps(xb + j)));

@@ -17,12 +17,8 @@
    least-squares scale (0 for a group whose largest magnitude is below Q_GROUP_MAX_EPS). */
 __attribute__((optimize("fp-contract=off"))) static float q_make_q3_quants_rmse(int n, int nmax, const float *x,
                                                                                int8_t *L) {
-    float amax;
-    const float max = q_signed_absmax(n, x, &amax);
-    if (amax < Q_GROUP_MAX_EPS) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.0f;
-    }
+    float max;
+    if (q_group_is_empty(n, x, L, &max)) return 0.0f;
     const float iscale = (float)-nmax / max;
     float sumlx = 0.0f, suml2 = 0.0f;
     for (int i = 0; i < n; i++) {

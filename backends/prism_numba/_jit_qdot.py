@@ -15,37 +15,32 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from prism_core.types import GGMLType, traits
+
 from . import _qvec as V
 from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 
-#: weight formats with an integer path (ggml type ids)
-INT_FORMATS = frozenset({Q4_0, Q5_0, Q8_0, Q4_K, Q6_K})
-
+# The weight formats with an integer path (ggml type ids), with what the vector code subtracts from
+# their unsigned weight bytes (see _qvec); tables of that and of a block's bytes (the core's type
+# traits), indexed by the type id.
+_INT_PATH = ((Q8_0, 128), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32))
+INT_FORMATS = frozenset(fmt for fmt, _ in _INT_PATH)
+_OFFSETS = np.zeros(max(INT_FORMATS) + 1, np.int64)
+_BLOCK_BYTES = np.zeros(max(INT_FORMATS) + 1, np.int64)
+for _fmt, _off in _INT_PATH:
+    _OFFSETS[_fmt], _BLOCK_BYTES[_fmt] = _off, traits(GGMLType(_fmt)).type_size
 
 
 @njit(inline="always", **_OPTS)
 def _offset(fmt):
-    """What the vector code subtracts from its unsigned weight bytes (see _qvec)."""
-    if fmt == Q8_0:
-        return 128
-    if fmt == Q4_0:
-        return 8
-    if fmt == Q5_0:
-        return 16
-    return 32 if fmt == Q6_K else 0
+    return _OFFSETS[fmt]
 
 
 @njit(inline="always", **_OPTS)
 def _block_bytes(fmt):
-    if fmt == Q8_0:
-        return 34
-    if fmt == Q4_0:
-        return 18
-    if fmt == Q5_0:
-        return 22
-    return 144 if fmt == Q4_K else 210
+    return _BLOCK_BYTES[fmt]
 
 
 # ------------------------------------------------------------------ activations

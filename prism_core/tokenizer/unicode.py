@@ -33,9 +33,10 @@ def flag_table() -> np.ndarray:
     return table
 
 
-def _ascii_flags() -> list[int]:
+@cache
+def _ascii_flags() -> tuple[int, ...]:
     starts, values, ws = FLAG_RANGES[0::2], FLAG_RANGES[1::2], set(WHITESPACE)
-    return [values[bisect_right(starts, c) - 1] | (IS_WHITESPACE if c in ws else 0) for c in range(128)]
+    return tuple(values[bisect_right(starts, c) - 1] | (IS_WHITESPACE if c in ws else 0) for c in range(128))
 
 # stand-ins for non-ASCII codepoints (private-use characters never left in collapsed text)
 OTHER, REP_NUMBER, REP_LETTER, REP_PUNCT, REP_MARK, REP_SYMBOL = (chr(0xE000 + i) for i in range(6))
