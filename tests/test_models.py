@@ -388,6 +388,9 @@ def test_perplexity_is_the_exp_mean_nll_of_the_forward_batch_by_batch(n_ids):
     with pytest.raises(pc.BoundExceeded, match="context"):
         model.perplexity(list(range(3, 50)) * 2)
     assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)  # still usable after the refusal
+    model.cache.clear()
+    model.eval(list(range(3, 50)) + list(range(3, 13)))  # 57 of 64 cells used: perplexity starts afresh
+    assert model.perplexity(ids) == pytest.approx(want, rel=1e-5)
 
 
 def test_a_workspace_gives_back_what_only_a_released_plan_needed():

@@ -269,8 +269,8 @@ class Model:
         ids = self.encode(text)
         if len(ids) < 2:
             raise InvalidArgument("perplexity needs at least two tokens")
+        self.cache.clear()  # scored from an empty cache, as logits()
         self.cache.n_kv(len(ids))  # refuse a context overflow before any work
-        self.cache.clear()
         nll = 0.0
         for lo in range(0, len(ids) - 1, self.n_batch):  # a batch of logits at a time, not (len(ids), n_vocab)
             z = self.eval(ids[lo:lo + self.n_batch], all_logits=True)
