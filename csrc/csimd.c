@@ -167,14 +167,7 @@ int csimd_max_threads(void) {
 #endif
 }
 
-static int clamp_threads(int nth) {
-#ifdef _OPENMP
-    return nth < 1 ? 1 : nth;
-#else
-    (void)nth;
-    return 1;
-#endif
-}
+#include "csimd_threads.h" /* clamp_threads: the thread count under CPU contention */
 
 #if CSIMD_X86
 #define CALL(fn, ...)                                                      \

@@ -149,6 +149,9 @@ static inline void store_f64(char *p, int t, double v) {
     }
 }
 
+/* rows per partial sum of a whole-tensor sum (SUM, CROSS_ENTROPY_LOSS): the partial sums of these fixed
+   blocks are added in order, so the result is the same at any thread count (csimd_threads.h) */
+#define SUM_ROWS 64
 static inline int64_t nrows_of(const csimd_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 
 static inline void unravel_row(const csimd_tensor *t, int64_t ir, int64_t *i1, int64_t *i2, int64_t *i3) {

@@ -545,30 +545,39 @@ ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_
 
 ATTR static void FN(cross_entropy)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g,
                                    int back, int nth) {
-    const int64_t n0 = a->ne[0], nr = nrows_of(a);
+    const int64_t n0 = a->ne[0], nr = nrows_of(a), nblk = (nr + SUM_ROWS - 1) / SUM_ROWS;
     const double gscale = (double)g / (double)nr;
-    double total = 0;
+    double *part = back ? NULL : (double *)malloc((size_t)(nblk ? nblk : 1) * 8), total = 0;
+    if (!back && !part) nth = 1; /* the blocks summed in order as they come: the same bits */
     (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(+ : total)
+#pragma omp parallel num_threads(nth) if (nth > 1)
     {
         float *x = (float *)csimd_alloc((size_t)(3 * n0 + 32) * 4);
         float *y = x + n0 + 8, *o = y + n0 + 8;
 #pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
+        for (int64_t ib = 0; ib < nblk; ib++) {
             if (!x) continue;
-            int64_t i1, i2, i3;
-            unravel_row(a, ir, &i1, &i2, &i3);
-            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
-            FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
-            total += FN(ce_row)(x, y, o, n0, back, (float)gscale);
-            if (back) FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], o, n0);
+            double s = 0;
+            for (int64_t ir = ib * SUM_ROWS; ir < nr && ir < (ib + 1) * SUM_ROWS; ir++) {
+                int64_t i1, i2, i3;
+                unravel_row(a, ir, &i1, &i2, &i3);
+                FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
+                FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
+                s += FN(ce_row)(x, y, o, n0, back, (float)gscale);
+                if (back) FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], o, n0);
+            }
+            if (part) part[ib] = s;
+            else total += s;
         }
         free(x);
     }
     if (!back) {
+        if (part)
+            for (int64_t ib = 0; ib < nblk; ib++) total += part[ib];
         float v = (float)(-total / (double)nr);
         memcpy(d->data, &v, 4);
     }
+    free(part);
 }
 
 /* ------------------------------------------------------------ optimizer steps (elementwise, in place)
@@ -1163,25 +1172,36 @@ ATTR static double FN(row_sum)(const float *x, int64_t n) {
 
 /* op 0: SUM (all elements), 1: SUM_ROWS, 2: MEAN (per row) */
 ATTR static void FN(reduce)(int op, const csimd_tensor *a, const csimd_tensor *d, int nth) {
-    const int64_t n0 = a->ne[0], nr = nrows_of(a);
-    double total = 0;
+    const int64_t n0 = a->ne[0], nr = nrows_of(a), nblk = (nr + SUM_ROWS - 1) / SUM_ROWS;
+    double *part = op == 0 ? (double *)malloc((size_t)(nblk ? nblk : 1) * 8) : NULL, total = 0;
+    if (op == 0 && !part) nth = 1; /* the blocks summed in order as they come: the same bits */
     (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(+ : total)
+#pragma omp parallel num_threads(nth) if (nth > 1)
     {
         float *x = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
 #pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
+        for (int64_t ib = 0; ib < nblk; ib++) {
             if (!x) continue;
-            int64_t i1, i2, i3;
-            unravel_row(a, ir, &i1, &i2, &i3);
-            FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), a->type, a->nb[0], n0);
-            double s = FN(row_sum)(x, n0);
-            if (op == 0) total += s;
-            else store_f32(ELT(d, 0, i1, i2, i3), d->type, (float)(op == 2 ? s / (double)n0 : s));
+            double blk = 0;
+            for (int64_t ir = ib * SUM_ROWS; ir < nr && ir < (ib + 1) * SUM_ROWS; ir++) {
+                int64_t i1, i2, i3;
+                unravel_row(a, ir, &i1, &i2, &i3);
+                FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), a->type, a->nb[0], n0);
+                const double s = FN(row_sum)(x, n0);
+                if (op == 0) blk += s;
+                else store_f32(ELT(d, 0, i1, i2, i3), d->type, (float)(op == 2 ? s / (double)n0 : s));
+            }
+            if (part) part[ib] = blk;
+            else total += blk;
         }
         free(x);
     }
-    if (op == 0) store_f32(d->data, d->type, (float)total);
+    if (op == 0) {
+        if (part)
+            for (int64_t ib = 0; ib < nblk; ib++) total += part[ib];
+        store_f32(d->data, d->type, (float)total);
+    }
+    free(part);
 }
 
 ATTR static int FN(repeat_back)(const csimd_tensor *a, const csimd_tensor *d) {
