@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
+
+from .settings import ENV_THREADS, MAX_THREADS
 
 
 def add_parser(sub) -> None:
@@ -15,6 +18,8 @@ def add_parser(sub) -> None:
     r.add_argument("-p", "--prompt", required=True)
     r.add_argument("-n", "--n-predict", type=_nonneg_int, default=64, help="tokens to generate (default 64)")
     r.add_argument("--backend", default=None, help="backend name (default: the best available)")
+    r.add_argument("-t", "--threads", type=_threads, default=None,
+                   help=f"threads per kernel, 1 to {MAX_THREADS} (default: $PRISM_NUM_THREADS, else every core)")
     r.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     r.add_argument("--top-k", type=_nonneg_int, default=40)
     r.add_argument("--top-p", type=float, default=0.95)
@@ -44,10 +49,19 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
+def _threads(s: str) -> int:
+    v = _nonneg_int(s)
+    if not 1 <= v <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_THREADS} threads, got {v}")
+    return v
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .errors import PrismError
     from .models import Sampler, load
     from .progress_bars import ProgressBars
+    if args.threads is not None:  # every backend reads the one setting when it is selected
+        os.environ[ENV_THREADS] = str(args.threads)
     try:
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
@@ -75,15 +89,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
     file_mb = model.source.file_size / 1e6 if model.source is not None else 0.0
     if args.json:
-        print(json.dumps({"model": args.model, "backend": model.backend.name, "prompt_ids": prompt_ids, "ids": ids,
+        print(json.dumps({"model": args.model, "backend": model.backend.name,
+                          "threads": model.backend.threads, "prompt_ids": prompt_ids, "ids": ids,
                           "text": "".join(pieces), "load_s": load_s, "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
                           "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
                           "peak_rss_mb": peak_mb, "file_mb": file_mb}))
     else:
-        print(file=sys.stdout)
+        print(file=sys.stdout, flush=True)  # the text's line ends before the report on stderr
         print(f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
-              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; peak memory {peak_mb:.0f} MB"
+              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; threads {model.backend.threads}; "
+              f"peak memory {peak_mb:.0f} MB"
               + (f" ({peak_mb / file_mb:.2f}x the {file_mb:.0f} MB file)" if file_mb else ""),
               file=sys.stderr)
     return 0

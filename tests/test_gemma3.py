@@ -79,6 +79,7 @@ def test_prism_run_cli_streams_and_reports(capsys):
     assert out["prompt_ids"] == LLAMA_CPP_IDS and out["backend"] == best
     assert out["ids"] == float64_greedy()[1] and out["text"].startswith(" the")
     assert out["prompt_tok_s"] > 0 and out["decode_tokens"] == N_GREEDY - 1 and out["peak_rss_mb"] > 0
+    assert out["threads"] == pc.backend().threads
     assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--temp", "0", "--seed", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith(" the") and f"[{best}] prompt 6 tokens:" in captured.err
@@ -94,9 +95,23 @@ def test_prism_run_refusals(capsys):
     assert "no model file 'no-such-model.gguf'" in capsys.readouterr().err
     assert main(["run", "gemma3-270m", "-p", "x", "-n", "70000", "--ctx-size", "64"]) == 1
     assert "exceed the context of 64 tokens" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        main(["run", "gemma3-270m", "-p", "x", "-n", "-3"])
-    assert e.value.code == 2
+    for bad in (["-n", "-3"], ["-t", "0"], ["--threads", "513"], ["-t", "two"]):
+        with pytest.raises(SystemExit) as e:
+            main(["run", "gemma3-270m", "-p", "x", *bad])
+        assert e.value.code == 2
+        assert bad[1] in capsys.readouterr().err
+
+
+def test_prism_run_threads(capsys, monkeypatch):
+    from prism_core.cli import main
+    monkeypatch.setenv("PRISM_NUM_THREADS", "2")  # the CLI sets it for its process: put back afterwards
+    for backend in ("numba", "csimd"):
+        if backend not in {b.name for b in pc.backends() if b.available}:
+            continue
+        assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--temp", "0", "-t", "1", "--json",
+                     "--backend", backend]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["threads"] == 1 and out["ids"] == float64_greedy()[1][:2]
 
 
 def test_csimd_values_do_not_depend_on_the_thread_count(monkeypatch):
