@@ -30,13 +30,17 @@ int csimd_set_isa(int isa);     /* returns 0, or -1 when the CPU cannot run it *
 int csimd_get_isa(void);
 int csimd_has_openmp(void);
 int csimd_max_threads(void);
-/* Parallel kernels take one thread while the process is preempted often (another process busy on the
-   cores; csimd_threads.h), on: 1 (the default) or 0 (always the count asked for); starts the watch afresh */
-void csimd_set_adaptive_threads(int on);
-int csimd_thread_limit(void); /* 0: none now, else the most threads a parallel kernel takes */
-/* the policy alone, for tests: a look at time t (s) with `switches` involuntary context switches so far and
-   nth threads asked for; returns the limit after it (0: none); reset != 0 starts over first */
-int csimd_thread_policy_look(double t, int64_t switches, int nth, int reset);
+/* Parallel kernels take fewer threads while the calling thread waits often for a CPU (another process busy
+   on the cores; csimd_threads.h, prism_core/contention.py). on: 1 or 0 (always the count asked for); the
+   rule's constants: the interval between looks (s), the share of waiting above which kernels take half
+   the threads, the first and the longest hold (s). Every thread's watch starts afresh. Returns 1 (on),
+   0 (off, or on but the scheduler statistics are missing), -1 for a bad constant. */
+int csimd_set_adaptive_threads(int on, double look, double share, double hold_min, double hold_max);
+int csimd_thread_limit(void); /* the calling thread's limit: 0 none, else the most threads a kernel takes */
+/* the rule alone, for tests (a watch of the calling thread's own): a look at time t (s), the thread having
+   waited `delay` s in all, nth threads asked for; returns the limit after it (0: none); reset != 0 first
+   starts the watch over */
+int csimd_thread_watch_look(double t, double delay, int nth, int reset);
 
 int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth);

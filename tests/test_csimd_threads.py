@@ -1,11 +1,13 @@
-"""csimd's thread count under CPU contention (csrc/csimd_threads.h): the policy, fed by hand, and the
-property that makes it safe: no kernel's values depend on how many threads computed them.
+"""Fewer threads under CPU contention (prism_core/contention.py; csimd runs the same rule in C,
+csrc/csimd_threads.h): the rule fed by hand to both implementations, and the property that makes it
+safe: no kernel's values depend on how many threads computed them.
 
-The policy, from its description: every 0.1 s (a "look") the rate of involuntary context switches per
-thread asked for is compared to 200 a second; above it, parallel kernels take one thread for a hold of
-1 s, then every thread again for one look; a failed try doubles the hold (at most 8 s), a passed one
-resets it to 1 s. Each case below is that rule worked by hand, at times of whole eighths of a second
-(exact in binary, so that no interval lands a rounding error short of 0.1 s).
+The rule, from its description: every 0.1 s (a "look") the share of the time since the last look that
+the calling thread waited for a CPU is compared to 10%; above it, kernels take half the threads (at
+least 1) for a hold of 1 s, halving again while above; after the hold every thread is tried for one
+look; a failed try doubles the hold (at most 8 s), a passed one resets it to 1 s. Each case below is
+that rule worked by hand, at times of whole eighths of a second (exact in binary, so that no interval
+lands a rounding error short of 0.1 s).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import numpy as np
 import pytest
 
 import prism_core as pc
+from prism_core import contention
 
-NTH = 2
+BUSY = 0.05  # s waited per 0.125 s look: 40%
+QUIET = 0.001  # 0.8%
 
 
-@pytest.fixture(scope="module")
-def lib():
+def _csimd_lib():
     info = next((i for i in pc.backends() if i.name == "csimd"), None)
     if info is None or not info.available:
         pytest.skip(f"csimd unavailable here: {info.reason if info else 'not installed'}")
@@ -27,54 +30,74 @@ def lib():
     return _state["lib"]
 
 
-def looks(lib, samples, nth=NTH):
-    """The limit after each (time s, involuntary switches so far) look, from a fresh policy."""
-    out = [lib.csimd_thread_policy_look(*samples[0], nth, 1)]
-    return out + [lib.csimd_thread_policy_look(t, n, nth, 0) for t, n in samples[1:]]
+def python_looks(samples, nth):
+    w = contention.ThreadWatch()
+    return [w.look(t, d, nth) for t, d in samples]
 
 
-def test_a_quiet_process_keeps_every_thread(lib):
-    # 120 switches a second at 2 threads: 60 per thread, under 200
-    assert looks(lib, [(0.0, 0), (0.125, 15), (0.25, 30), (0.375, 45), (10.0, 1200)]) == [0, 0, 0, 0, 0]
+def c_looks(samples, nth):
+    lib = _csimd_lib()
+    return [lib.csimd_thread_watch_look(t, d, nth, int(i == 0)) for i, (t, d) in enumerate(samples)]
 
 
-def test_contention_takes_one_thread_for_the_hold_then_tries_all(lib):
-    # 0.125 -> 0.25 s: 75 switches = 300 a second per thread: one thread until 1.25 s
-    assert looks(lib, [(0.0, 0), (0.125, 5), (0.25, 80), (0.5, 80), (1.125, 80), (1.375, 85)]) == [0, 0, 1, 1, 1, 0]
+@pytest.fixture(params=["python", "csimd"])
+def looks(request):
+    return python_looks if request.param == "python" else c_looks
 
 
-def test_a_look_sooner_than_the_interval_changes_nothing(lib):
-    # the burst at 0.1875 s is counted at the 0.25 s look, over 0.125 -> 0.25 s (400 a second per thread)
-    assert looks(lib, [(0.0, 0), (0.125, 0), (0.1875, 100), (0.25, 100)]) == [0, 0, 0, 1]
-
-
-def test_the_rate_is_per_thread_asked_for(lib):
-    # 1000 switches a second: 250 per thread at 4 threads (over 200), 125 at 8 (under)
-    assert looks(lib, [(0.0, 0), (0.125, 125)], nth=4) == [0, 1]
-    assert looks(lib, [(0.0, 0), (0.125, 125)], nth=8) == [0, 0]
-
-
-def test_failed_tries_double_the_hold_up_to_eight_seconds_and_a_passed_one_resets_it(lib):
-    busy = 100  # switches per 0.125 s look: 400 a second per thread
-    t, n, samples, want = 0.0, 0, [(0.0, 0)], [0]
-
-    def look(dt, dn, limit):
-        nonlocal t, n
-        t, n = t + dt, n + dn
-        samples.append((t, n))
+def walk(steps):
+    """(dt, waited, want) steps from (0 s, 0 s waited) -> the samples and the limits they should give."""
+    t, d, samples, want = 0.0, 0.0, [(0.0, 0.0)], [0]
+    for dt, waited, limit in steps:
+        t, d = t + dt, d + waited
+        samples.append((t, d))
         want.append(limit)
+    return samples, want
 
-    look(0.125, busy, 1)  # limited at 0.125 s for a hold of 1 s
+
+def test_a_quiet_thread_keeps_every_thread(looks):
+    samples, want = walk([(0.125, QUIET, 0), (0.125, QUIET, 0), (10.0, 0.5, 0)])  # 0.8%, 0.8%, 5%
+    assert looks(samples, 2) == want
+
+
+def test_waiting_halves_the_threads_for_the_hold_then_tries_all(looks):
+    # 0.125 -> 0.25 s: 40% waited: 1 of 2 threads until 1.25 s
+    samples, want = walk([(0.125, QUIET, 0), (0.125, BUSY, 1), (0.25, 0, 1), (0.625, 0, 1), (0.25, 0, 0)])
+    assert looks(samples, 2) == want
+
+
+def test_a_look_sooner_than_the_interval_changes_nothing(looks):
+    # the wait seen at 0.1875 s counts at the 0.25 s look, over 0.125 -> 0.25 s (40%)
+    samples, want = walk([(0.125, 0, 0), (0.0625, BUSY, 0), (0.0625, 0, 1)])
+    assert looks(samples, 2) == want
+
+
+def test_halving_goes_on_while_the_thread_still_waits(looks):
+    # 8 threads: 4, then 2, then 1, each with a fresh hold of 1 s; quiet at 1 it waits out the hold
+    samples, want = walk([(0.125, BUSY, 4), (0.125, BUSY, 2), (0.125, BUSY, 1), (0.125, BUSY, 1),
+                          (0.75, 0, 1), (0.25, 0, 0)])
+    assert looks(samples, 8) == want
+
+
+def test_failed_tries_double_the_hold_up_to_eight_seconds_and_a_passed_one_resets_it(looks):
+    steps = [(0.125, BUSY, 1)]  # limited at 0.125 s for a hold of 1 s
     for hold in (1.0, 2.0, 4.0, 8.0, 8.0):
-        look(hold - 0.125, 0, 1)  # still inside the hold
-        look(0.25, 0, 0)  # past it: every thread again, the next hold doubled
-        look(0.125, busy, 1)  # the try fails
-    look(7.875, 0, 1)
-    look(0.25, 0, 0)  # the sixth hold was 8 s too
-    look(0.125, 0, 0)  # a quiet try: the hold is back to 1 s
-    look(0.125, busy, 1)
-    look(1.125, 0, 0)
-    assert looks(lib, samples) == want
+        steps += [(hold - 0.125, 0, 1),  # still inside the hold
+                  (0.25, 0, 0),  # past it: every thread again, the next hold doubled
+                  (0.125, BUSY, 1)]  # the try fails
+    steps += [(7.875, 0, 1), (0.25, 0, 0),  # the sixth hold was 8 s too
+              (0.125, 0, 0),  # a quiet try: the hold is back to 1 s
+              (0.125, BUSY, 1), (1.125, 0, 0)]
+    samples, want = walk(steps)
+    assert looks(samples, 2) == want
+
+
+def test_csimd_refuses_bad_constants():
+    lib = _csimd_lib()
+    c = (contention.LOOK_S, contention.DELAY_SHARE, contention.HOLD_MIN_S, contention.HOLD_MAX_S)
+    for bad in ((0.0, *c[1:]), (c[0], 1.0, *c[2:]), (*c[:2], 0.0, c[3]), (*c[:3], 0.5)):
+        assert lib.csimd_set_adaptive_threads(1, *bad) == -1
+    assert lib.csimd_set_adaptive_threads(1, *c) in (0, 1)
 
 
 def _csimd_values(build, threads: int, monkeypatch) -> np.ndarray:
@@ -96,7 +119,8 @@ def _cancelling_rows(rows: int = 3000, cols: int = 16) -> np.ndarray:
 
 
 @pytest.mark.parametrize("op", ["SUM", "CROSS_ENTROPY_LOSS"])
-def test_whole_tensor_sums_give_the_same_bits_at_any_thread_count(lib, op, monkeypatch):
+def test_whole_tensor_sums_give_the_same_bits_at_any_thread_count(op, monkeypatch):
+    _csimd_lib()
     x = _cancelling_rows()
     if op == "SUM":
         def build(ctx):

@@ -1,5 +1,5 @@
-"""Environment settings: a bad PRISM_NUM_THREADS is refused when a backend is selected, with a
-message naming the variable, never a crash or an OverflowError at compute time."""
+"""Environment settings: a bad PRISM_NUM_THREADS (or PRISM_ADAPTIVE_THREADS) is refused when a backend is
+selected, with a message naming the variable, never a crash or an OverflowError at compute time."""
 
 from __future__ import annotations
 
@@ -43,17 +43,20 @@ def test_env_int_bounds(monkeypatch):
     assert env_int("PRISM_TEST_INT", 3, 0) == 3
 
 
-@pytest.mark.parametrize("value", [str(2**31), "100000", "0"])
-def test_parallel_backends_refuse_a_bad_thread_count_at_selection(monkeypatch, value):
+@pytest.mark.parametrize("var, value, says", [
+    ("PRISM_NUM_THREADS", str(2**31), "must be at most"), ("PRISM_NUM_THREADS", "100000", "must be at most"),
+    ("PRISM_NUM_THREADS", "0", "must be at least"), ("PRISM_ADAPTIVE_THREADS", "2", "must be at most 1"),
+    ("PRISM_ADAPTIVE_THREADS", "on", "is not an integer")])
+def test_parallel_backends_refuse_a_bad_thread_setting_at_selection(monkeypatch, var, value, says):
     parallel = [i.name for i in pc.backends() if i.available and i.name in ("numba", "csimd")]
     if not parallel:
         pytest.skip("neither numba nor csimd is available here")
-    monkeypatch.setenv("PRISM_NUM_THREADS", value)
+    monkeypatch.setenv(var, value)
     pc.REGISTRY.reset()
     try:
         for name in parallel:
             with pytest.raises(pc.BackendUnavailable, match=rf"backend '{name}' is unavailable: "
-                                                            rf"PRISM_NUM_THREADS='{value}' must be at"):
+                                                            rf"{var}='{value}' {says}"):
                 pc.backend(name)
         ctx = pc.Context()  # the reference, which has no threads, still computes
         x = ctx.from_numpy(np.array([1.0, 4.0], np.float32))
@@ -61,5 +64,5 @@ def test_parallel_backends_refuse_a_bad_thread_count_at_selection(monkeypatch, v
         pc.compute(y, "numpy")
         np.testing.assert_array_equal(y.numpy(), [1.0, 2.0])
     finally:
-        monkeypatch.delenv("PRISM_NUM_THREADS")
+        monkeypatch.delenv(var)
         pc.REGISTRY.reset()

@@ -11,13 +11,9 @@ Environment:
   string (``0.1.0+avx512``).
 * ``PRISM_NUM_THREADS=n``: OpenMP threads per kernel (default: all cores); nodes with little
   work run on one thread (``PRISM_CSIMD_SERIAL_WORK``, default 32768 elementary steps).
-* ``PRISM_CSIMD_ADAPTIVE=1|0``: with 1 (the default), parallel kernels take one thread while
-  the process is preempted often, i.e. another process keeps the cores busy (a parallel region
-  waits for its slowest thread; beside one busy process on 2 cores, Gemma 3 decode at 2 threads
-  ran at half the speed of 1 thread). Every 0.1 s a kernel compares the rate of involuntary
-  context switches to a threshold, and tries every thread again after a hold that doubles
-  while the machine stays busy (csrc/csimd_threads.h). Values never depend on the thread count.
-  0 keeps ``PRISM_NUM_THREADS``.
+* ``PRISM_ADAPTIVE_THREADS=1|0``: with 1 (the default), parallel kernels take fewer threads while
+  the calling thread waits often for a CPU (another process busy on the cores), by the rule of
+  :mod:`prism_core.contention`, run in C at every kernel entry (csrc/csimd_threads.h).
 * ``GOMP_SPINCOUNT``: when neither it nor ``OMP_WAIT_POLICY`` is set, set to 3000
   (``PRISM_CSIMD_SPINCOUNT`` overrides) before the extension (and with it the OpenMP runtime)
   is loaded: idle workers spin briefly, then sleep. A process that loaded libgomp earlier
@@ -35,7 +31,7 @@ import sys
 import numpy as np
 
 import prism_core
-from prism_core import Tensor
+from prism_core import Tensor, contention
 from prism_core.gelu_tables import gelu_f16_table, gelu_quick_f16_table
 from prism_core.settings import env_int, requested_threads
 
@@ -47,7 +43,6 @@ from .kernels_rope import rope_supported
 ENV_ISA = "PRISM_CSIMD_ISA"
 ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
-ENV_ADAPTIVE = "PRISM_CSIMD_ADAPTIVE"
 SERIAL_WORK = 1 << 15
 ISA_NAMES = ("scalar", "avx2", "avx512")
 ABI_VERSION = 4  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
@@ -57,7 +52,7 @@ _loaded: dict[str, object] = {}
 # every C entry point the kernels call: an extension built from older sources is refused whole
 REQUIRED_FUNCTIONS = (
     "csimd_abi_version", "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
-    "csimd_set_adaptive_threads", "csimd_thread_limit", "csimd_thread_policy_look", "csimd_binary",
+    "csimd_set_adaptive_threads", "csimd_thread_limit", "csimd_thread_watch_look", "csimd_binary",
     "csimd_unary", "csimd_set_gelu_tables",
     "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
     "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
@@ -142,12 +137,13 @@ def _setup() -> tuple[bool, str]:
     try:
         n = requested_threads()
         sw = serial_work()
-        adaptive = env_int(ENV_ADAPTIVE, 1, 0, 1)
+        watching = contention.adaptive()
     except ValueError as e:
         return False, str(e)
-    if _loaded.get("adaptive") != adaptive:  # setting it starts the watch afresh: only on a change
-        lib.csimd_set_adaptive_threads(adaptive)
-        _loaded["adaptive"] = adaptive
+    if _loaded.get("adaptive") != watching:  # setting it starts every watch afresh: only on a change
+        lib.csimd_set_adaptive_threads(int(watching), contention.LOOK_S, contention.DELAY_SHARE,
+                                       contention.HOLD_MIN_S, contention.HOLD_MAX_S)
+        _loaded["adaptive"] = watching
     tables = (np.ascontiguousarray(gelu_f16_table(), np.float32),
               np.ascontiguousarray(gelu_quick_f16_table(), np.float32))
     if lib.csimd_set_gelu_tables(*(ffi.cast("const float *", ffi.from_buffer(t)) for t in tables)) != 0:

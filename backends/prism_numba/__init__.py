@@ -7,7 +7,9 @@ the backend and lists it as unavailable with the reason.
 
 Threads: all cores by default; ``PRISM_NUM_THREADS=n`` sets the count (capped at
 numba's ``NUMBA_NUM_THREADS``), applied with ``numba.set_num_threads`` before every
-kernel call (numba's setting is per calling thread). Nodes with little work (under
+kernel call (numba's setting is per calling thread), fewer while the calling thread waits often for a
+CPU (another process busy on the cores: :mod:`prism_core.contention`; ``PRISM_ADAPTIVE_THREADS=0`` keeps
+the count). Nodes with little work (under
 ``SERIAL_WORK`` elementary steps, or ``$PRISM_NUMBA_SERIAL_WORK``; 0 parallelises every
 node) run on the calling thread alone, with each kernel's serial compilation (no ``prange``
 launch): waking the pool costs more than they do.
@@ -25,7 +27,7 @@ from functools import partial
 from importlib import metadata
 
 import prism_core
-from prism_core import Tensor
+from prism_core import Tensor, contention
 from prism_core.errors import Unsupported
 from prism_core.settings import env_int, requested_threads
 
@@ -70,6 +72,7 @@ class NumbaBackend(prism_core.Backend):
     priority = 50
     kernels = KERNELS
     block_types = kernels_quant.BLOCK_TYPES  # every block type the table holds (kernels_quant.py)
+    _adaptive = True  # $PRISM_ADAPTIVE_THREADS, read by availability()
 
     def availability(self) -> tuple[bool, str]:
         try:
@@ -82,6 +85,7 @@ class NumbaBackend(prism_core.Backend):
         try:
             requested_threads()
             serial_work()
+            self._adaptive = contention.adaptive()
         except ValueError as e:
             return False, str(e)
         return True, ""
@@ -91,6 +95,8 @@ class NumbaBackend(prism_core.Backend):
         import numba
         n = requested_threads()
         n = numba.config.NUMBA_NUM_THREADS if n is None else min(n, numba.config.NUMBA_NUM_THREADS)
+        if self._adaptive:
+            n = contention.threads_now(n)
         if numba.get_num_threads() != n:
             numba.set_num_threads(n)
         return n
