@@ -162,7 +162,7 @@ def prism_greedy(model, prompt: str, n: int) -> Run:
         toks = list(model.generate(model.encode(prompt), max_tokens=n, sampler=Sampler.greedy()))
     finally:
         del model.eval
-    run = Run([t.id for t in toks], [], [], seen, "".join(t.text for t in toks).encode("utf-8"))
+    run = Run([t.id for t in toks], [], [], seen, b"".join(t.bytes for t in toks))  # as llama.cpp writes it
     for z in seen:
         t1, t2, m = top2(z)
         run.margins.append(m)

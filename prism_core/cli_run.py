@@ -78,9 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     first = time.perf_counter() - t0
                     bars.close()  # the text streams from here: no bar line between its pieces
                 ids.append(tok.id)
-                pieces.append(tok.text)
-                if not args.json:
-                    sys.stdout.write(tok.text)
+                pieces.append(tok.bytes)
+                if not args.json:  # the piece's bytes as they are, as llama.cpp's command line writes them
+                    raw = getattr(sys.stdout, "buffer", None)
+                    raw.write(tok.bytes) if raw is not None else sys.stdout.write(tok.text)
                     sys.stdout.flush()
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
@@ -91,7 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"model": args.model, "backend": model.backend.name,
                           "threads": model.backend.threads, "prompt_ids": prompt_ids, "ids": ids,
-                          "text": "".join(pieces), "load_s": load_s, "first_token_s": first,
+                          "text": b"".join(pieces).decode("utf-8", errors="replace"), "load_s": load_s,
+                          "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
                           "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
                           "peak_rss_mb": peak_mb, "file_mb": file_mb}))

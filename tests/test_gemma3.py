@@ -134,3 +134,37 @@ def test_csimd_values_do_not_depend_on_the_thread_count(monkeypatch):
         runs.append(np.concatenate([last, *steps]))
     for r in runs[1:]:
         np.testing.assert_array_equal(r, runs[0])
+
+
+class Scripted:
+    """A sampler that returns these ids in turn, whatever the logits."""
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def __call__(self, logits, history):
+        return self.ids.pop(0)
+
+
+def test_a_character_cut_at_the_end_keeps_its_bytes(capsysbinary, monkeypatch):
+    best = pc.backend().name  # any backend: this is about the text, not the logits
+    model = load(path(), backend=best, n_ctx=64)
+    tok = model.tokenizer
+    first = tok.encode(" caf", add_special=False)[-1]
+    byte_c3 = next(i for i in range(tok.n_vocab) if tok.token_text(i) == "<0xC3>")
+    assert tok.piece_bytes(byte_c3, False) == b"\xc3"  # the first byte of "é" (C3 A9)
+    # max_tokens cuts the character: its byte stays in Token.bytes, the text ends with U+FFFD
+    got = list(model.generate(PROMPT, max_tokens=2, sampler=Scripted([first, byte_c3])))
+    assert [t.bytes for t in got] == [tok.piece_bytes(first, False), b"\xc3"]
+    assert got[-1].text == "\ufffd"
+    # an end-of-generation token comes first: the text leaves the byte out, the bytes keep it
+    got = list(model.generate(PROMPT, max_tokens=5, sampler=Scripted([first, byte_c3, 1])))
+    assert [t.text for t in got] == [tok.piece_bytes(first, False).decode(), ""] and got[-1].bytes == b"\xc3"
+    # prism run writes each piece's bytes as llama.cpp's command line does; --json's text has U+FFFD
+    from prism_core.cli import main
+    monkeypatch.setattr("prism_core.models.Sampler", lambda **kw: Scripted([first, byte_c3]))
+    assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--backend", best]) == 0
+    assert capsysbinary.readouterr().out == tok.piece_bytes(first, False) + b"\xc3\n"
+    monkeypatch.setattr("prism_core.models.Sampler", lambda **kw: Scripted([first, byte_c3]))
+    assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--backend", best, "--json"]) == 0
+    assert json.loads(capsysbinary.readouterr().out)["text"] == tok.piece_bytes(first, False).decode() + "\ufffd"

@@ -40,11 +40,13 @@ PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 
 @dataclass(frozen=True)
 class Token:
-    """One generated token: its id and the text it completes (possibly "" until a UTF-8 character
-    split over several tokens is whole)."""
+    """One generated token: its id, the text it completes (possibly "" until a UTF-8 character split
+    over several tokens is whole) and its piece's raw bytes (what llama.cpp's command line writes:
+    joined, the tokens' bytes are the output exactly, a character cut at the end included)."""
 
     id: int
     text: str
+    bytes: bytes = b""
 
 
 @dataclass
@@ -236,7 +238,9 @@ class Model:
         as llama.cpp's command line streams it: nothing stripped or cleaned, so the pieces joined
         continue the prompt's text; control tokens show their text only with ``special`` (its
         ``--special``). The bytes of a UTF-8 character split over several tokens come with the token
-        that completes it; bytes no token completes become U+FFFD (at the latest with the last token)."""
+        that completes it; bytes no token completes become U+FFFD in the last token's text (``max_tokens``
+        reached) or are left out of the text (an end-of-generation token came first); each token's
+        ``bytes`` keeps them."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         sampler = sampler if sampler is not None else Sampler.greedy()
@@ -257,7 +261,8 @@ class Model:
                 return
             history.append(tok)
             n_out += 1
-            yield Token(tok, utf8.decode(self.tokenizer.piece_bytes(tok, special), final=n_out == max_tokens))
+            piece = self.tokenizer.piece_bytes(tok, special)
+            yield Token(tok, utf8.decode(piece, final=n_out == max_tokens), piece)
             if n_out < max_tokens:
                 start = time.perf_counter()
                 logits = self.eval([tok])[-1]
