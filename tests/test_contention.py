@@ -100,12 +100,12 @@ def test_csimd_refuses_bad_constants():
     assert lib.csimd_set_adaptive_threads(1, *c) in (0, 1)
 
 
-def _csimd_values(build, threads: int, monkeypatch) -> np.ndarray:
+def _values(backend: str, build, threads: int, monkeypatch) -> np.ndarray:
     monkeypatch.setenv("PRISM_NUM_THREADS", str(threads))
-    monkeypatch.setenv("PRISM_CSIMD_SERIAL_WORK", "0")
+    monkeypatch.setenv(f"PRISM_{backend.upper()}_SERIAL_WORK", "0")  # every node parallel
     ctx = pc.Context()
     y = build(ctx)
-    pc.compute(y, "csimd", strict=True)
+    pc.compute(y, backend, strict=True)
     return y.numpy()
 
 
@@ -118,9 +118,11 @@ def _cancelling_rows(rows: int = 3000, cols: int = 16) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("backend", ["csimd", "numba"])
 @pytest.mark.parametrize("op", ["SUM", "CROSS_ENTROPY_LOSS"])
-def test_whole_tensor_sums_give_the_same_bits_at_any_thread_count(op, monkeypatch):
-    _csimd_lib()
+def test_whole_tensor_sums_give_the_same_bits_at_any_thread_count(op, backend, monkeypatch):
+    if backend not in {b.name for b in pc.backends() if b.available}:
+        pytest.skip(f"{backend} is not available here")
     x = _cancelling_rows()
     if op == "SUM":
         def build(ctx):
@@ -133,7 +135,7 @@ def test_whole_tensor_sums_give_the_same_bits_at_any_thread_count(op, monkeypatc
 
         def build(ctx):
             return pc.cross_entropy_loss(ctx.from_numpy(logits), ctx.from_numpy(labels))
-    got = [_csimd_values(build, n, monkeypatch) for n in (1, 2, 3)]
+    got = [_values(backend, build, n, monkeypatch) for n in (1, 2, 3)]
     assert np.isfinite(got[0]).all()
     for g in got[1:]:
         np.testing.assert_array_equal(g, got[0])

@@ -114,17 +114,19 @@ def test_prism_run_threads(capsys, monkeypatch):
         assert out["threads"] == 1 and out["ids"] == float64_greedy()[1][:2]
 
 
-def test_csimd_values_do_not_depend_on_the_thread_count(monkeypatch):
-    """csimd takes fewer threads while other processes keep the cores busy (csrc/csimd_threads.h), so a
-    generation may change its thread count midway: that must never move a value. A prompt past the
-    sliding window (512 tokens) and across two batches, then decode steps, at 1, 2 and 3 threads."""
-    if "csimd" not in {b.name for b in pc.backends() if b.available}:
-        pytest.skip("csimd is not available here")
+@pytest.mark.parametrize("backend", ["csimd", "numba"])
+def test_values_do_not_depend_on_the_thread_count(backend, monkeypatch):
+    """Parallel backends take fewer threads while other processes keep the cores busy
+    (prism_core.contention), so a generation may change its thread count midway: that must never move a
+    value. A prompt past the sliding window (512 tokens) and across two batches, then decode steps, at
+    1, 2 and 3 threads."""
+    if backend not in {b.name for b in pc.backends() if b.available}:
+        pytest.skip(f"{backend} is not available here")
     text = " ".join(f"Item {i} costs {i * 3} dollars." for i in range(1, 70))
     runs = []
     for threads in (1, 2, 3):
         monkeypatch.setenv("PRISM_NUM_THREADS", str(threads))
-        model = load(path(), backend="csimd", n_ctx=1024)
+        model = load(path(), backend=backend, n_ctx=1024)
         ids = model.encode(text)
         assert 600 < len(ids) < 1000
         last = model.eval(ids)
