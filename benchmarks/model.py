@@ -4,7 +4,8 @@ llama-cpp-python==0.3.36``; the peer column is skipped, with a line saying so, w
 
 Per engine, in a fresh interpreter with a 2048-token context: prompt processing of 128 and 512 tokens
 (tokens/s, only the last position's logits), decode tokens/s after a 6-token and after a 512-token prompt
-(greedy, one token per step), and the process's peak resident memory after filling the whole context.
+(greedy, one token per step), and the process's peak resident memory after filling the whole context;
+then decode after 6 again with another process spinning on one core (a shared machine).
 Each figure is the best of a few runs after one warm-up run (which plans the graph or JIT-compiles).
 The slow engines (the NumPy reference, numba) get a time budget and report what they finished.
 Then the time to first token of a cold ``prism run gemma3-270m -p ... -n 1`` (a subprocess: interpreter
@@ -32,7 +33,7 @@ PROMPT = "The capital of France is"
 _PROBE = r"""
 import json, resource, sys, time
 import numpy as np
-engine, path, n_ctx, threads, repeats, n_decode, budget = sys.argv[1:8]
+engine, path, n_ctx, threads, repeats, n_decode, budget, only = sys.argv[1:9]
 n_ctx, threads, repeats, n_decode, budget = int(n_ctx), int(threads), int(repeats), int(n_decode), float(budget)
 start = time.perf_counter()
 ids = [2] + np.random.default_rng(0).integers(1000, 20000, n_ctx).tolist()
@@ -79,10 +80,14 @@ def decode(n_prompt):
     return 1 / best(once)
 for name, fn, n in (("decode after 6", decode, 6), ("prompt 128", prompt, 128), ("prompt 512", prompt, 512),
                     ("decode after 512", decode, 512)):
+    if only and name != only:
+        continue
     if time.perf_counter() - start > budget:
         emit(skipped=name)
         continue
     emit(name=name, tok_s=fn(n))
+if only:
+    sys.exit(0)
 # the peak with the context full: every cache cell written, then a few decode steps over all of them
 clear(); z = feed(ids[:n_ctx - 4])
 for _ in range(3):
@@ -100,19 +105,33 @@ print(time.perf_counter() - t0)
 """
 
 
+# The caller's OpenMP waiting settings, read before any backend loads (csimd sets GOMP_SPINCOUNT for itself)
+_CALLER_OMP = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
+
+
 def _env() -> dict[str, str]:
+    """Every engine with its own default OpenMP waiting, as its users get it (llama.cpp: libgomp's spinning;
+    csimd: 3000 spins, then sleep), unless the caller set OMP_WAIT_POLICY or GOMP_SPINCOUNT. Measured here
+    (llama.cpp decode after 6, tok/s, idle / beside a busy process): default 84.6 / 52.9, PASSIVE 39.5 /
+    59.1, PASSIVE with 3000 spins 81.5 / 41.9; earlier runs of this section inherited csimd's 3000 spins
+    with PASSIVE and put llama.cpp at 74 idle."""
     n = str(THREADS)
-    # llama.cpp's OpenMP threads spin at their barriers: on a machine whose cores other processes share, one
-    # descheduled spinner stalls every graph node (measured here: 1.3 decode tok/s at 2 threads against 67
-    # with PASSIVE). Passive waiting unless the caller chose a policy.
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PRISM_NUM_THREADS=n,
-                NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(_CALLER_OMP)
+    env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PRISM_NUM_THREADS=n, NUMBA_NUM_THREADS=n,
+               OMP_NUM_THREADS=n)
+    return env
 
 
-def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float) -> dict:
-    """Run one engine's measurements; returns {"load_s", "peak_rss", name: tok/s, "skipped": [...]}."""
+def _omp_setting() -> str:
+    return ", ".join(f"{k}={v}" for k, v in _CALLER_OMP.items()) or "each engine's default OpenMP waiting"
+
+
+def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, only: str = "") -> dict:
+    """Run one engine's measurements (``only``: that one, without the peak); returns {"load_s", "peak_rss",
+    name: tok/s, "skipped": [...]}."""
     cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(THREADS), str(repeats), str(n_decode),
-           str(budget)]
+           str(budget), only]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     out: dict = {"skipped": []}
     deadline = time.monotonic() + budget + 600  # a measurement started within budget may run past it
@@ -196,6 +215,25 @@ def _prism_run_peak(engines: list[str], path: str, size: int) -> None:
               f"{peak / size:.2f}x the file", flush=True)
 
 
+def _beside_a_busy_process(engines: list[str], path: str, repeats: int, n_decode: int) -> list:
+    """Decode after 6 with another process spinning on one core (a shared machine): a parallel region waits
+    for its slowest thread, and Prism's backends take fewer threads while they wait for a CPU
+    (prism_core.contention)."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        vals = {}
+        for engine in engines:
+            r = _probe(engine, path, repeats, n_decode, 300.0, only="decode after 6")
+            if "decode after 6" in r:
+                vals[engine] = r["decode after 6"]
+    finally:
+        busy.kill()
+        busy.wait()
+    if "llama.cpp" in vals:
+        vals = {"llama.cpp": vals.pop("llama.cpp"), **vals}
+    return [("decode after 6", vals)]
+
+
 def _have_llamacpp() -> bool:
     import importlib.util
     return importlib.util.find_spec("llama_cpp") is not None
@@ -212,8 +250,7 @@ def run(bench) -> None:
     if _have_llamacpp():
         import llama_cpp
         engines.append("llama.cpp")
-        print(f"  peer: llama.cpp via llama-cpp-python {llama_cpp.__version__} "
-              f"(OMP_WAIT_POLICY={_env()['OMP_WAIT_POLICY']})")
+        print(f"  peer: llama.cpp via llama-cpp-python {llama_cpp.__version__} ({_omp_setting()})")
     else:
         print("  llama.cpp column skipped: llama-cpp-python is not installed "
               "(CMAKE_ARGS=-DLLAVA_BUILD=OFF pip install llama-cpp-python==0.3.36)")
@@ -242,6 +279,13 @@ def run(bench) -> None:
             vals = {base: vals.pop(base), **vals}
         rows.append((name, vals))
     bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads", rows, "tokens/s", base)
+    busy = [e for e in engines if e != "numpy"]  # the reference decodes under a token a second anyway
+    if busy:
+        bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads, another process busy on one of the cores",
+                    _beside_a_busy_process(busy, path, repeats, n_decode), "tokens/s",
+                    base if base in busy else busy[0],
+                    extra="  Prism takes fewer threads while it waits for a CPU (prism_core.contention); "
+                          f"{_omp_setting()}")
     _prism_run_peak([e for e in engines if e != "llama.cpp"], path, size)
     cold, backend = _cold_first_token(path)
     bench.table(f"cold time to first token (`prism run gemma3-270m -p ... -n 1` on {backend}, a fresh process)",

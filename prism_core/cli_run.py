@@ -80,8 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 ids.append(tok.id)
                 pieces.append(tok.bytes)
                 if not args.json:  # the piece's bytes as they are, as llama.cpp's command line writes them
-                    raw = getattr(sys.stdout, "buffer", None)
-                    raw.write(tok.bytes) if raw is not None else sys.stdout.write(tok.text)
+                    raw = getattr(sys.stdout, "buffer", None)  # None: a text-only stream stands in
+                    if raw is not None:
+                        raw.write(tok.bytes)
+                    else:
+                        sys.stdout.write(tok.text)
                     sys.stdout.flush()
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
