@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import os
 import resource
@@ -72,6 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             load_s = time.perf_counter() - t0
             prompt_ids = model.encode(args.prompt)
             ids, pieces, first = [], [], None
+            # stdout is the pieces' bytes decoded as they come, always valid UTF-8: a character cut at the
+            # end shows as U+FFFD (llama.cpp writes the raw byte, which breaks a reader decoding strictly)
+            utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
             for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler,
                                       special=args.special):
                 if first is None:
@@ -79,13 +83,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                     bars.close()  # the text streams from here: no bar line between its pieces
                 ids.append(tok.id)
                 pieces.append(tok.bytes)
-                if not args.json:  # the piece's bytes as they are, as llama.cpp's command line writes them
-                    raw = getattr(sys.stdout, "buffer", None)  # None: a text-only stream stands in
-                    if raw is not None:
-                        raw.write(tok.bytes)
-                    else:
-                        sys.stdout.write(tok.text)
+                if not args.json:
+                    sys.stdout.write(utf8.decode(tok.bytes))
                     sys.stdout.flush()
+            if not args.json:  # a character cut at the end (max_tokens or an end-of-generation token)
+                sys.stdout.write(utf8.decode(b"", final=True))
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
         return 1

@@ -148,7 +148,7 @@ class Scripted:
         return self.ids.pop(0)
 
 
-def test_a_character_cut_at_the_end_keeps_its_bytes(capsysbinary, monkeypatch):
+def test_a_character_cut_at_the_end_keeps_its_bytes(capsys, monkeypatch):
     best = pc.backend().name  # any backend: this is about the text, not the logits
     model = load(path(), backend=best, n_ctx=64)
     tok = model.tokenizer
@@ -162,11 +162,14 @@ def test_a_character_cut_at_the_end_keeps_its_bytes(capsysbinary, monkeypatch):
     # an end-of-generation token comes first: the text leaves the byte out, the bytes keep it
     got = list(model.generate(PROMPT, max_tokens=5, sampler=Scripted([first, byte_c3, 1])))
     assert [t.text for t in got] == [tok.piece_bytes(first, False).decode(), ""] and got[-1].bytes == b"\xc3"
-    # prism run writes each piece's bytes as llama.cpp's command line does; --json's text has U+FFFD
+    # prism run's stdout and --json's text: the joined bytes decoded, the cut character as U+FFFD, whether
+    # max_tokens or an end-of-generation token cut it (valid UTF-8 for a reader that decodes strictly)
     from prism_core.cli import main
-    monkeypatch.setattr("prism_core.models.Sampler", lambda **kw: Scripted([first, byte_c3]))
-    assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--backend", best]) == 0
-    assert capsysbinary.readouterr().out == tok.piece_bytes(first, False) + b"\xc3\n"
-    monkeypatch.setattr("prism_core.models.Sampler", lambda **kw: Scripted([first, byte_c3]))
-    assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--backend", best, "--json"]) == 0
-    assert json.loads(capsysbinary.readouterr().out)["text"] == tok.piece_bytes(first, False).decode() + "\ufffd"
+    want = tok.piece_bytes(first, False).decode() + "\ufffd"
+    for script, n in (([first, byte_c3], "2"), ([first, byte_c3, 1], "5")):
+        monkeypatch.setattr("prism_core.models.Sampler", lambda script=script, **kw: Scripted(script))
+        assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", n, "--backend", best]) == 0
+        assert capsys.readouterr().out == want + "\n"
+        monkeypatch.setattr("prism_core.models.Sampler", lambda script=script, **kw: Scripted(script))
+        assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", n, "--backend", best, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["text"] == want
