@@ -36,7 +36,6 @@ int csimd_max_threads(void);
    the threads, the first and the longest hold (s). Every thread's watch starts afresh. Returns 1 (on),
    0 (off, or on but the scheduler statistics are missing), -1 for a bad constant. */
 int csimd_set_adaptive_threads(int on, double look, double share, double hold_min, double hold_max);
-int csimd_thread_limit(void); /* the calling thread's limit: 0 none, else the most threads a kernel takes */
 /* the rule alone, for tests (a watch of the calling thread's own): a look at time t (s), the thread having
    waited `delay` s in all, nth threads asked for; returns the limit after it (0: none); reset != 0 first
    starts the watch over */

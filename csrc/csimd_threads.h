@@ -84,7 +84,10 @@ static int clamp_threads(int nth) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     const double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-    if (w->generation != g_watch_cfg.generation) w->started = 0;
+    if (w->generation != g_watch_cfg.generation) { /* the settings changed: start afresh */
+        w->started = 0;
+        w->limit = 0;
+    }
     if (!w->started || t - w->t0 >= g_watch_cfg.look) {
         const double delay = run_delay_s();
         if (delay >= 0) watch_look(w, t, delay, nth);
@@ -106,8 +109,6 @@ int csimd_set_adaptive_threads(int on, double look, double share, double hold_mi
     g_watch_cfg.generation++; /* every thread's watch starts afresh */
     return g_watch_cfg.on;
 }
-
-int csimd_thread_limit(void) { return tl_watch.generation == g_watch_cfg.generation ? tl_watch.limit : 0; }
 
 int csimd_thread_watch_look(double t, double delay, int nth, int reset) {
     static __thread thread_watch w;
