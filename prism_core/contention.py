@@ -91,12 +91,17 @@ def _run_delay() -> float | None:
         return None
 
 
-_HAVE_SCHEDSTAT = _run_delay() is not None
+_have_schedstat: bool | None = None  # found out at the first parallel kernel, not at import
 
 
 def threads_now(nth: int) -> int:
     """How many of ``nth`` threads the calling thread's next parallel kernel should take."""
-    if nth <= 1 or not _HAVE_SCHEDSTAT:
+    global _have_schedstat
+    if nth <= 1:
+        return nth
+    if _have_schedstat is None:
+        _have_schedstat = _run_delay() is not None
+    if not _have_schedstat:
         return nth
     w = getattr(_local, "watch", None)
     if w is None:
