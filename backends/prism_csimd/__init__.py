@@ -141,8 +141,9 @@ def _setup() -> tuple[bool, str]:
     except ValueError as e:
         return False, str(e)
     if _loaded.get("adaptive") != watching:  # setting it starts every watch afresh: only on a change
-        lib.csimd_set_adaptive_threads(int(watching), contention.LOOK_S, contention.DELAY_SHARE,
-                                       contention.HOLD_MIN_S, contention.HOLD_MAX_S)
+        if lib.csimd_set_adaptive_threads(int(watching), contention.LOOK_S, contention.DELAY_SHARE,
+                                          contention.HOLD_MIN_S, contention.HOLD_MAX_S) < 0:
+            return False, "the C extension refused prism_core.contention's constants"
         _loaded["adaptive"] = watching
     tables = (np.ascontiguousarray(gelu_f16_table(), np.float32),
               np.ascontiguousarray(gelu_quick_f16_table(), np.float32))
