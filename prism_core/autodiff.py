@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from . import build as B
 from .errors import InvalidArgument, PrismError, ShapeMismatch, TypeMismatch, Unsupported
 from .graph import Graph
-from .ops import Op
-from .optable import IGNORE
+from .ops import build as B
+from .ops.codes import Op
+from .ops.table import IGNORE
 from .tensor import Flag, Tensor
 from .types import F16, F32, I32
 

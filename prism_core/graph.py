@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .errors import BoundExceeded, InvalidArgument
-from .ops import Op
+from .ops.codes import Op
 from .tensor import Flag, Tensor
 
 DEFAULT_GRAPH_SIZE = 2048

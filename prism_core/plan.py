@@ -36,11 +36,11 @@ from functools import partial
 
 import numpy as np
 
-from .backend import Backend
 from .context import Context
 from .errors import InvalidArgument, Unsupported
 from .graph import Graph
-from .registry import REGISTRY
+from .plugin.base import Backend
+from .plugin.registry import REGISTRY
 from .schedule import (
     Fallback,
     as_graph,

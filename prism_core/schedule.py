@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from .backend import Backend
 from .context import Context
 from .errors import InvalidArgument, Unsupported
 from .graph import Graph
-from .registry import REGISTRY
+from .plugin.base import Backend
+from .plugin.registry import REGISTRY
 from .tensor import Tensor
 
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import BoundExceeded, InvalidArgument, ReadOnlyTensor, ShapeMismatch, TypeMismatch, Unsupported
-from .ops import Op
+from .ops.codes import Op
 from .types import BF16, F32, GGMLType, from_f32, to_f32, traits
 
 if TYPE_CHECKING:
     from .context import Context
-    from .optable import OpDef
+    from .ops.table import OpDef
 
 MAX_DIMS = 4
 MAX_SRC = 10
@@ -120,7 +120,7 @@ class Tensor:
     """Metadata of one tensor (or graph node) and access to its host storage.
 
     Create tensors through a :class:`~prism_core.context.Context` or the builders in
-    :mod:`prism_core.build`, never directly.
+    :mod:`prism_core.ops.build`, never directly.
     """
 
     __slots__ = ("ctx", "type", "ne", "nb", "op", "opdef", "params", "src", "view_src",
@@ -396,22 +396,22 @@ class Tensor:
 
     # Python operators map to ggml's asymmetric builders (b broadcasts into a).
     def __add__(self, other: Tensor) -> Tensor:
-        from . import build
+        from .ops import build
         return build.add(self, other)
 
     def __sub__(self, other: Tensor) -> Tensor:
-        from . import build
+        from .ops import build
         return build.sub(self, other)
 
     def __mul__(self, other: Tensor) -> Tensor:
-        from . import build
+        from .ops import build
         return build.mul(self, other)
 
     def __truediv__(self, other: Tensor) -> Tensor:
-        from . import build
+        from .ops import build
         return build.div(self, other)
 
     def __matmul__(self, other: Tensor) -> Tensor:
         """``w @ x`` is ``mul_mat(w, x)``: ggml's convention, result[m, n] = Σ_k w[k, m]·x[k, n]."""
-        from . import build
+        from .ops import build
         return build.mul_mat(self, other)

@@ -82,4 +82,4 @@ def write_plugin(root, module: str, source: str, *, entry: str | None = None, di
     info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{pc.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+    (info / "entry_points.txt").write_text(f"[{pc.plugin.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")

@@ -15,7 +15,7 @@ from prism_core.conformance.cases import cases_for
 from prism_core.conformance.mutations import MUTATIONS, caught, mutant, mutation_score
 from prism_core.conformance.report import certificate, op_grade, table
 from prism_core.conformance.runner import PASS, CaseResult, compare, run
-from prism_core.optable import OPS
+from prism_core.ops.table import OPS
 
 
 def test_ulp_errors_on_hand_worked_values():

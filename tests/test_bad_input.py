@@ -577,7 +577,7 @@ def test_a_backends_reason_reaches_errors_reports_and_conformance(ctx):
 
 
 def test_type_refusal_names_the_offending_type(ctx):
-    from prism_core.backend import type_refusal
+    from prism_core.plugin.base import type_refusal
 
     y = pc.cpy(f32(ctx, 4), ctx.new_tensor(pc.I16, (4,)))
     floats = frozenset({pc.F32, pc.F16})

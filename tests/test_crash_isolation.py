@@ -81,7 +81,7 @@ def installed(tmp_path_factory):
         write_plugin(root, f"prism_test_{name}", FAULTY.format(name=name), entry=name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), *filter(None, os.environ.get(
         "PYTHONPATH", "").split(os.pathsep))])}
-    env.pop(pc.registry.ENV_BACKEND, None)
+    env.pop(pc.plugin.registry.ENV_BACKEND, None)
     return root, env
 
 

@@ -140,7 +140,7 @@ PLUGIN_FORMS = {"in-process": _plugin, "worker-process": FaultsPlugin}
 
 @pytest.fixture
 def faulty(monkeypatch):
-    monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(pc.plugin.registry.ENV_BACKEND, raising=False)
     RELEASE.clear()
     pc.REGISTRY.register(_plugin(), "prism_test_faults")
     yield
@@ -267,7 +267,7 @@ def _future_plugin(calls: list) -> types.ModuleType:
 
 
 def test_incompatible_interface_is_reported_not_half_loaded(monkeypatch, capsys):
-    monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(pc.plugin.registry.ENV_BACKEND, raising=False)
     calls: list = []
     pc.REGISTRY.register(_future_plugin(calls), "prism_test_future")
     try:

@@ -1,5 +1,5 @@
 """GELU, GELU_QUICK, GEGLU and GEGLU_QUICK on F32 data follow ggml's CPU backend: the input rounded to
-F16, the function read from a table of F16 values (prism_core.gelu_tables). Checked on every backend
+F16, the function read from a table of F16 values (prism_core.ops.gelu_tables). Checked on every backend
 against hand-derived values (the tanh GELU's clamps at +-10) and, where ggml-python is installed, bit
 for bit against ggml's own CPU kernels over every finite F16 value."""
 

@@ -344,7 +344,7 @@ def test_loaded_quantized_tensors_dequantize_and_feed_mul_mat(upstream):
 
 
 def test_prisms_format_constants_are_gguf_pys():
-    from prism_core import gguf_format as gf
+    from prism_core.gguf import format as gf
     assert {m.name: int(m) for m in gf.GGUFValueType} == {m.name: int(m) for m in V}
     assert gf.MAGIC == gguf.GGUF_MAGIC.to_bytes(4, "little") and gf.VERSION == gguf.GGUF_VERSION
     assert gf.DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT

@@ -1,4 +1,4 @@
-"""The op specification (prism_core.opspec): every op of the table has a full page, and every
+"""The op specification (prism_core.ops.spec): every op of the table has a full page, and every
 page's worked example, whose numbers were worked out by hand from the page's formula, is what
 the reference backend computes."""
 
@@ -11,8 +11,8 @@ import pytest
 
 import prism_core as pc
 from prism_core.cli import main
-from prism_core.opspec import all_pages, build_example, page, to_markdown
-from prism_core.optable import OPS
+from prism_core.ops.spec import all_pages, build_example, page, to_markdown
+from prism_core.ops.table import OPS
 
 
 @pytest.mark.parametrize("key", list(OPS))

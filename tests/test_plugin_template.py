@@ -60,7 +60,7 @@ def installed(tmp_path_factory) -> Path:
 @pytest.fixture
 def template(installed, monkeypatch):
     monkeypatch.syspath_prepend(str(installed))
-    monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(pc.plugin.registry.ENV_BACKEND, raising=False)
     pc.REGISTRY.reset()
     yield installed
     for m in [m for m in sys.modules if m == "prism_template" or m.startswith("prism_template.")]:
@@ -71,7 +71,7 @@ def template(installed, monkeypatch):
 def _env(installed: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed), *filter(None, os.environ.get(
         "PYTHONPATH", "").split(os.pathsep))])}
-    env.pop(pc.registry.ENV_BACKEND, None)
+    env.pop(pc.plugin.registry.ENV_BACKEND, None)
     return env
 
 
@@ -84,7 +84,7 @@ def test_discovered_and_selected_by_name(template, monkeypatch, capsys):
     be = pc.backend("template")
     assert type(be).__module__ == "prism_template" and be is info.backend
     assert pc.backend().name != "template"  # priority 5: not the default
-    monkeypatch.setenv(pc.registry.ENV_BACKEND, "template")
+    monkeypatch.setenv(pc.plugin.registry.ENV_BACKEND, "template")
     assert pc.backend().name == "template"
 
     ctx = pc.Context()

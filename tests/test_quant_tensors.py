@@ -18,7 +18,7 @@ from helpers import refused, run
 import prism_core as pc
 from prism_core.conformance import cases_for
 from prism_core.errors import InvalidArgument, ShapeMismatch, TypeMismatch
-from prism_core.optable import OPS, QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
+from prism_core.ops.table import OPS, QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.types import GGMLType as G
 from prism_core.types import traits
 

@@ -46,7 +46,7 @@ ACT = {  # act(x) of each sub-op, written from the formulas in ggml-semantics.md
 }
 
 
-TABLED = ("GEGLU", "GEGLU_QUICK")  # ggml's CPU reads these activations from an F16 table (prism_core.gelu_tables)
+TABLED = ("GEGLU", "GEGLU_QUICK")  # ggml's CPU reads these activations from an F16 table (prism_core.ops.gelu_tables)
 
 
 def act_ggml(key: str, x: float) -> float:

@@ -82,14 +82,14 @@ class Plugins:
         self.root = root
         self.modules: list[str] = []
         monkeypatch.syspath_prepend(str(root))
-        monkeypatch.delenv(pc.registry.ENV_BACKEND, raising=False)
+        monkeypatch.delenv(pc.plugin.registry.ENV_BACKEND, raising=False)
         # Only the reference backend and this test's plugins are visible, so the
         # expectations hold whatever other backends (numba, third parties) are installed.
-        real = pc.registry.entry_points
+        real = pc.plugin.registry.entry_points
 
         def visible(**kw):
             return [ep for ep in real(**kw) if ep.name == "numpy" or ep.value in self.modules]
-        monkeypatch.setattr(pc.registry, "entry_points", visible)
+        monkeypatch.setattr(pc.plugin.registry, "entry_points", visible)
 
     def add(self, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
         """Module ``module`` with ``source``, declared by distribution ``dist`` under
@@ -190,7 +190,7 @@ def test_plugin_raising_on_import_does_not_break_import_prism_core(plugins):
             "print(pc.backend('numpy').name); print(len(b)); print(b[0].reason)")
     paths = [str(plugins.root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    env.pop(pc.registry.ENV_BACKEND, None)
+    env.pop(pc.plugin.registry.ENV_BACKEND, None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["numpy", "1",
@@ -480,8 +480,8 @@ def test_a_third_party_numpy_backend_is_refused_whatever_the_order(plugins, monk
     # tmp_path is first on sys.path; "prism-tensor": the impostor even takes this distribution's name
     plugins.add("prism_test_impostor", IMPOSTOR.format(name="numpy", ref=True), entry="numpy", dist=dist)
     if order == "reversed":
-        found = pc.registry.entry_points
-        monkeypatch.setattr(pc.registry, "entry_points", lambda **kw: list(reversed(found(**kw))))
+        found = pc.plugin.registry.entry_points
+        monkeypatch.setattr(pc.plugin.registry, "entry_points", lambda **kw: list(reversed(found(**kw))))
     (broken,) = plugins.broken("prism_test_impostor")
     assert broken.reason == ("backend name 'numpy' is reserved for the reference backend shipped with "
                              "prism-tensor; refused")

@@ -32,7 +32,7 @@ import numpy as np
 
 import prism_core
 from prism_core import Tensor, contention
-from prism_core.gelu_tables import gelu_f16_table, gelu_quick_f16_table
+from prism_core.ops.gelu_tables import gelu_f16_table, gelu_quick_f16_table
 from prism_core.settings import env_int, requested_threads
 
 from . import kernels as _k
@@ -170,7 +170,7 @@ class CsimdBackend(prism_core.Backend):
     name = "csimd"
     priority = 60  # the default where it builds: fastest in every benchmark section but tiny-node dispatch
     kernels = KERNELS
-    block_types = prism_core.optable.QUANTIZED  # every block type the table holds (csrc/csimd_quant*.h)
+    block_types = prism_core.ops.table.QUANTIZED  # every block type the table holds (csrc/csimd_quant*.h)
 
     @property
     def version(self) -> str:  # type: ignore[override]

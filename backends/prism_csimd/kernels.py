@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 
 from prism_core import Tensor
-from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument, Unsupported
-from prism_core.optable import QUANTIZED
+from prism_core.ops.table import QUANTIZED
+from prism_core.plugin.base import KernelTable
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
 TABLE = KernelTable()
@@ -250,7 +250,7 @@ def _cpy(n: Tensor) -> None:
 # ------------------------------------------------------------------ rows
 @kernel((ONLY_F32, frozenset({F32, F16}), ONLY_F32), ONLY_F32, "SOFT_MAX")
 def _soft_max(n: Tensor) -> None:
-    from prism_core.semantics import alibi_slopes
+    from prism_core.ops.semantics import alibi_slopes
 
     keep: list = []
     ffi = _state["ffi"]

@@ -12,7 +12,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.semantics import alibi_slopes
+from prism_core.ops.semantics import alibi_slopes
 from prism_core.types import F16, F32
 
 from .kernels import FLOATS, ONLY_F32, _check, _lib, _nth, _state, desc, kernel

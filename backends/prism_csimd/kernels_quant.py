@@ -25,7 +25,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
+from prism_core.ops.table import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.quant import quantize
 from prism_core.types import F32, GGMLType, traits
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from prism_core import Tensor
 from prism_core.ops import RopeMode
-from prism_core.optable_conv import ScaleMode
-from prism_core.semantics import rope_yarn_corr_dims
+from prism_core.ops.semantics import rope_yarn_corr_dims
+from prism_core.ops.table_conv import ScaleMode
 from prism_core.types import F16, F32
 
 from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc, im2col_args, kernel

@@ -27,7 +27,7 @@ from numba.core.errors import NumbaError
 from numba.extending import intrinsic, overload
 
 from prism_core.errors import Unsupported
-from prism_core.gelu_tables import GELU_CLAMP, gelu_f16_table, gelu_quick_f16_table
+from prism_core.ops.gelu_tables import GELU_CLAMP, gelu_f16_table, gelu_quick_f16_table
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 
@@ -35,7 +35,7 @@ _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 F16_LUT = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
 BF16_LUT = (np.arange(65536, dtype=np.uint32) << 16).view(np.float32)
 NO_LUT = np.zeros(1, np.float32)  # passed for float32 arrays (never read)
-# ggml's CPU GELU and quick GELU: tables indexed by the F16 bits of the input (prism_core.gelu_tables)
+# ggml's CPU GELU and quick GELU: tables indexed by the F16 bits of the input (prism_core.ops.gelu_tables)
 GELU_F16 = np.array(gelu_f16_table())
 GELU_QUICK_F16 = np.array(gelu_quick_f16_table())
 DUMMY = np.zeros((1, 1, 1, 1), np.float32)  # an absent optional source

@@ -16,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 
 from prism_core import GluOp, SortOrder, Tensor, UnaryOp
-from prism_core.backend import KernelTable
 from prism_core.errors import InvalidArgument
-from prism_core.semantics import alibi_slopes, mul_mat_b_rounding
+from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding
+from prism_core.plugin.base import KernelTable
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
 TABLE = KernelTable()

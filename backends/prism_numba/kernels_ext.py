@@ -2,7 +2,7 @@
 convolution / pooling / resize family (compiled kernels: :mod:`._jit_ext`).
 
 Per-node tables that cost O(row length) (RoPE's per-pair frequencies, UPSCALE's source
-indices) come from prism_core.semantics, the same functions the reference uses; the
+indices) come from prism_core.ops.semantics, the same functions the reference uses; the
 per-element work runs in the compiled kernels.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import alibi_slopes, mul_mat_b_rounding, rope_tables, upscale_tables
+from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding, rope_tables, upscale_tables
+from prism_core.ops.table_conv import PoolOp, ScaleMode
 from prism_core.types import F16, F32, I32, I64
 
 from .kernels import FLOATS, INDICES, ONLY_F32, _jit, _run, arr, kernel, kind, lut, rounded_operand

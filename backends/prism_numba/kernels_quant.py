@@ -21,7 +21,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument, Unsupported
-from prism_core.optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
+from prism_core.ops.table import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.quant import dequantize, quantize
 from prism_core.types import F16, F32, I32, I64
 

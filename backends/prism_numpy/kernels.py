@@ -14,8 +14,8 @@ import numpy as np
 
 from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
-from prism_core.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
-from prism_core.semantics import alibi_slopes, mul_mat_b_rounding
+from prism_core.ops.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
+from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding
 from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}

@@ -6,7 +6,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.semantics import RopeTables, alibi_slopes, rope_tables
+from prism_core.ops.semantics import RopeTables, alibi_slopes, rope_tables
 from prism_core.types import from_f32
 
 from .kernels import elements, f32_round, kernel, mul_mat_b, store, val

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from prism_core import Tensor
-from prism_core.optable_conv import PoolOp, ScaleMode
-from prism_core.semantics import upscale_tables
+from prism_core.ops.semantics import upscale_tables
+from prism_core.ops.table_conv import PoolOp, ScaleMode
 
 from .kernels import kernel, store, val
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..optable import OpDef
+from ..ops.table import OpDef
 from ..types import BF16, F16, F32, GGMLType, traits
 
 SIGNIFICAND_BITS = {F32: 24, F16: 11, BF16: 8}

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import build as B
 from ..context import Context
-from ..ops import GluOp, SortOrder, UnaryOp
-from ..optable import OPS, OpDef
+from ..ops import build as B
+from ..ops.codes import GluOp, SortOrder, UnaryOp
+from ..ops.table import OPS, OpDef
 from ..tensor import Tensor
 from ..types import BF16, F16, F32, I32, GGMLType, traits
 

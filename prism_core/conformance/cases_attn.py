@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import build as B
-from ..ops import RopeMode
-from ..optable import OpDef
+from ..ops import build as B
+from ..ops.codes import RopeMode
+from ..ops.table import OpDef
 from ..types import BF16, F16, F32, I32, I64
 from .cases import Built, Case, family, leaf, tname
 from .gradcheck import GradCase, grad_family, param

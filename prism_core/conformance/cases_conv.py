@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import build as B
 from ..context import Context
-from ..optable import OpDef
-from ..optable_conv import PoolOp, ScaleMode
+from ..ops import build as B
+from ..ops.table import OpDef
+from ..ops.table_conv import PoolOp, ScaleMode
 from ..tensor import Tensor
 from ..types import F16, F32, GGMLType
 from .cases import Built, Case, dims, family, leaf, tname

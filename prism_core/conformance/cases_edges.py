@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import build as B
-from ..optable import OPS, OpDef
-from ..optable_conv import PoolOp
+from ..ops import build as B
+from ..ops.table import OPS, OpDef
+from ..ops.table_conv import PoolOp
 from ..types import F16, F32
 from .cases import Built, Case, extra
 

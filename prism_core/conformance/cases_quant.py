@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import build as B
 from ..context import Context
-from ..optable import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED, OpDef
+from ..ops import build as B
+from ..ops.table import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED, OpDef
 from ..tensor import Tensor
 from ..types import F32, I32, I64, GGMLType, traits
 from .cases import Built, Case, dims, extra, leaf, tname

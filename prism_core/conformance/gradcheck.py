@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import build as B
 from ..autodiff import build_backward, reset
-from ..backend import Backend
 from ..context import Context
 from ..errors import Unsupported
 from ..graph import Graph
-from ..optable import OPS, OpDef
+from ..ops import build as B
+from ..ops.table import OPS, OpDef
 from ..plan import plan
-from ..registry import REGISTRY
+from ..plugin.base import Backend
+from ..plugin.registry import REGISTRY
 from ..tensor import Tensor
 from ..types import F32, GGMLType, traits
 from .cases import registrar

@@ -17,9 +17,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ..backend import Backend, Kernel
-from ..ops import RopeMode
-from ..registry import REGISTRY
+from ..ops.codes import RopeMode
+from ..plugin.base import Backend, Kernel
+from ..plugin.registry import REGISTRY
 from ..tensor import Tensor
 from ..types import F16, from_f32, to_f32
 

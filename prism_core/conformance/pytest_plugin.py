@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..cli import int_at_least, seconds_arg
+from ..cli.args import int_at_least, seconds_arg
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _backend_names(config: pytest.Config) -> list[str]:
-    from ..registry import backends
+    from ..plugin.registry import backends
     names = config.getoption("prism_backend") or []
     if "all" in names:
         return [b.name for b in backends() if b.available]
@@ -80,7 +80,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def prism_backend(prism_backend_name: str):
-    from ..registry import backend
+    from ..plugin.registry import backend
     return backend(prism_backend_name)
 
 

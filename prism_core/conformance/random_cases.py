@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import build as B
 from ..context import Context
-from ..optable import OPS, OpDef
+from ..ops import build as B
+from ..ops.table import OPS, OpDef
 from ..tensor import Tensor
 from ..types import BF16, F16, F32, GGMLType
 from .cases import UNARY_PARAMS, UNARY_RANGE, Built, Case, dims, tname

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Backend
 from ..errors import InvalidArgument
 from ..plan import plan
-from ..registry import REGISTRY
+from ..plugin.base import Backend
+from ..plugin.registry import REGISTRY
 from ..schedule import compute
 from ..tensor import Tensor
 from .cases import Case, case_id
@@ -35,7 +35,7 @@ def find_case(cid: str) -> Any:
         raise InvalidArgument(f"malformed case id {cid!r}: expected KEY:xxxxxxxx (fixed), KEY:gxxxxxxxx "
                               "(gradient) or KEY:r<seed>.<i> (random), as a report prints it")
     key = m.group(1)
-    from ..optable import opdef
+    from ..ops.table import opdef
     key = opdef(key).key
     if m.group(3) is not None:
         from .random_cases import random_cases_for

@@ -114,7 +114,7 @@ def certificate(results: dict[str, list[CaseResult]], ops: list[str], *, mode: s
     backend its name/version/plugin, summary counts, per-op status and counts, and every
     failure with its case, metric, bound and worst element."""
     from .. import __version__
-    from ..hookspecs import INTERFACE_VERSION
+    from ..plugin.hookspecs import INTERFACE_VERSION
     out: dict[str, Any] = {
         "format": REPORT_FORMAT, "prism_version": __version__, "interface_version": INTERFACE_VERSION,
         "mode": mode, "generated": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Backend
 from ..context import Context
 from ..errors import Unsupported
 from ..graph import Graph
 from ..plan import plan
-from ..registry import REGISTRY
+from ..plugin.base import Backend
+from ..plugin.registry import REGISTRY
 from ..schedule import backend_reason, compute, computes_nothing
 from ..tensor import Tensor
 from ..types import traits

@@ -41,7 +41,7 @@ def serve(parent: int) -> None:
     except Closed:
         return
     try:
-        from ..registry import REGISTRY
+        from ..plugin.registry import REGISTRY
         for label, kind, payload in init["plugins"]:
             plugin = importlib.import_module(payload) if kind == "module" else pickle.loads(payload)
             REGISTRY.register(plugin, label)

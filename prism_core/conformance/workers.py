@@ -94,7 +94,7 @@ def _reloadable(plugin: Any) -> tuple[str, Any] | None:
 
 
 def _carried_plugins() -> list[tuple[str, str, Any]]:
-    from ..registry import REGISTRY
+    from ..plugin.registry import REGISTRY
     out = []
     for label, plugin in REGISTRY.in_process_plugins:
         how = _reloadable(plugin)
@@ -106,7 +106,7 @@ def _carried_plugins() -> list[tuple[str, str, Any]]:
 def in_process_only(names: list[str]) -> list[str]:
     """The backends among ``names`` whose plugin was registered in this process in a form a
     worker cannot load (they run in this process, without protection from crashes)."""
-    from ..registry import REGISTRY
+    from ..plugin.registry import REGISTRY
     stuck = {label for label, plugin in REGISTRY.in_process_plugins if _reloadable(plugin) is None}
     return [n for n in names if REGISTRY.info(n).plugin in stuck]
 

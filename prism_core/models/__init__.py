@@ -26,7 +26,7 @@ def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_b
     decodes 1.1-1.4x faster, needs a third less scratch memory, and lands as close to llama.cpp's logits
     (max 1.9 over the recorded top 64, against 2.2 unfused: both are the noise floor of Q8 activations)."""
     from ..context import Context
-    from ..gguf import load as load_gguf
+    from ..gguf.file import load as load_gguf
     from .catalog import resolve
     f = load_gguf(resolve(model), ctx=Context(MODEL_CONTEXT_BYTES))
     try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .. import build as B
-from ..ops import RopeMode
+from ..ops import build as B
+from ..ops.codes import RopeMode
 from .arch import Arch, register
 from .blocks import attention, feed_forward, rms_norm
 from .hparams import meta_value, read_hparams

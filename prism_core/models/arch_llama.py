@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from .. import build as B
-from ..ops import RopeMode
+from ..ops import build as B
+from ..ops.codes import RopeMode
 from .arch import Arch, register
 from .blocks import attention, feed_forward, rms_norm
 from .hparams import read_hparams

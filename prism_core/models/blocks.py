@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .. import build as B
-from ..build_attn import flash_attn_ext, rope_ext, set_rows
 from ..errors import InvalidArgument
+from ..ops import build as B
+from ..ops.build_attn import flash_attn_ext, rope_ext, set_rows
 from ..tensor import Tensor
 from ..types import F32
 from .hparams import HParams

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..ops import RopeMode
+from ..ops.codes import RopeMode
 
 REQUIRED = object()
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import build as B
-from ..backend import Backend
 from ..errors import BoundExceeded, InvalidArgument
 from ..graph import Graph
+from ..ops import build as B
 from ..plan import Plan, Workspace, plan
-from ..registry import backend as select_backend
+from ..plugin.base import Backend
+from ..plugin.registry import backend as select_backend
 from ..tensor import Tensor
 from ..types import F16, I32, I64, GGMLType
 from .arch import arch_for

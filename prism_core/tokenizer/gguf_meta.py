@@ -9,7 +9,7 @@ from typing import Any
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Every key of the file at ``path``: strings as str, string arrays as lists, numeric arrays as NumPy arrays."""
-    from ..gguf import load
+    from ..gguf.file import load
     f = load(path)
     try:
         return {k: f.meta[k] for k in f.meta}

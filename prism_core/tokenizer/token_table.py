@@ -4,7 +4,7 @@ Gemma 3's 262,144 tokens as a ``list[str]`` and a ``dict[str, int]`` hold about 
 objects; here they take about 5 MB (the bytes, and per token a 4-byte offset, hash and id),
 and a GGUF vocabulary is read straight from the file's string array without decoding it. Texts are
 decoded on access (GGUF strings that are not UTF-8 come back with surrogates, as
-:func:`prism_core.gguf_format.decode_text` gives them).
+:func:`prism_core.gguf.format.decode_text` gives them).
 """
 
 from __future__ import annotations

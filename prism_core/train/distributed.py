@@ -38,11 +38,11 @@ from typing import IO, Any
 import numpy as np
 
 from ..autodiff import reset as graph_reset
-from ..backend import Backend
 from ..context import Context
 from ..errors import InvalidArgument, PrismError, ShapeMismatch, Unsupported
 from ..graph import Graph
 from ..plan import Plan, plan
+from ..plugin.base import Backend
 from ..tensor import Flag, Tensor
 from .dataset import Dataset
 from .fit import EpochCallback, FitResult, FitSetup, check_epoch_args, prepare_fit, run_fit

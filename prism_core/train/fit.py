@@ -10,9 +10,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..backend import Backend
 from ..context import Context
 from ..errors import InvalidArgument, ShapeMismatch
+from ..plugin.base import Backend
 from ..tensor import Tensor
 from .dataset import Dataset
 from .metrics import Result

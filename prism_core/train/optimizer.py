@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import build as B
 from ..autodiff import build_backward
 from ..autodiff import reset as graph_reset
-from ..backend import Backend
 from ..context import Context
 from ..errors import InvalidArgument, TypeMismatch
 from ..graph import Graph
+from ..ops import build as B
 from ..plan import Plan, plan
-from ..registry import REGISTRY
+from ..plugin.base import Backend
+from ..plugin.registry import REGISTRY
 from ..tensor import Flag, Tensor
 from ..types import F32, I32, I64
 from .metrics import Result
@@ -189,7 +189,7 @@ class OptContext:
     ``get_opt_pars`` is called as ``get_opt_pars(get_opt_pars_ud)`` before every optimizer
     step and must return :class:`OptimizerParams`; an :class:`OptimizerParams` may be
     given instead of a callback. ``backend`` is a Backend, a name, or None for
-    :func:`prism_core.backend`'s choice ($PRISM_BACKEND, else the best available).
+    :func:`prism_core.plugin.base`'s choice ($PRISM_BACKEND, else the best available).
     """
 
     def __init__(self, ctx: Context, inputs: Tensor, outputs: Tensor,

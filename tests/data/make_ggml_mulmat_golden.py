@@ -23,7 +23,7 @@ from pathlib import Path
 import ggml
 import numpy as np
 
-from prism_core.optable import QUANT_WEIGHTS
+from prism_core.ops.table import QUANT_WEIGHTS
 from prism_core.types import GGMLType, traits
 
 OUT = Path(__file__).resolve().parent / "ggml_mulmat_golden.npz"

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/, for test_models
 from test_models import IDS, tiny, to_tensors  # noqa: E402
 
 import prism_core as pc  # noqa: E402
-from prism_core.gguf_format import V  # noqa: E402
+from prism_core.gguf.format import V  # noqa: E402
 from prism_core.types import GGMLType as G  # noqa: E402
 
 LOGITS = HERE / "llamacpp_logits.npz"

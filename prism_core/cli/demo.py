@@ -8,17 +8,18 @@ backend. The first loss is checked against NumPy written directly.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
 
-from . import build as B
-from .autodiff import build_backward, reset
-from .context import Context
-from .graph import Graph
-from .plan import plan
-from .registry import backend as get_backend
-from .types import F32
+from ..autodiff import build_backward, reset
+from ..context import Context
+from ..graph import Graph
+from ..ops import build as B
+from ..plan import plan
+from ..plugin.registry import backend as get_backend
+from ..types import F32
 
 
 def make_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -79,3 +80,13 @@ def main(backend_name: str | None = None, steps: int = 60) -> int:
     print(f"  {steps} steps in {dt * 1e3:.1f} ms ({dt / steps / len(graph) * 1e6:.1f} us per node)")
     print(f"  final accuracy {acc:.1%} (needs > 90%): {'OK' if acc > 0.9 else 'FAILED'}")
     return 0 if acc > 0.9 else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("demo", help="build and run a small graph end to end")
+    d.add_argument("--backend", default=None, help="backend name (default: best available)")
+    d.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return main(args.backend)

@@ -1,13 +1,16 @@
 """Op-table declarations: rotary embeddings, fused attention, expert routing, row scatter.
 
-Part of the one op table (:data:`prism_core.optable.OPS`); shapes are ggml order.
+Part of the one op table (:data:`prism_core.ops.table.OPS`); shapes are ggml order.
 """
 
 from __future__ import annotations
 
-from .errors import InvalidArgument
-from .ops import Op, RopeMode
-from .optable import (
+from ..errors import InvalidArgument
+from ..types import BF16, F16, F32, I32, I64
+from .codes import Op, RopeMode
+from .params import Param
+from .semantics import rope_yarn_corr_dims
+from .table import (
     COPY_SPECIAL,
     FLOATS,
     IEEE_SPECIAL,
@@ -27,9 +30,6 @@ from .optable import (
     f32,
     spec,
 )
-from .params import Param
-from .semantics import rope_yarn_corr_dims
-from .types import BF16, F16, F32, I32, I64
 
 ROPE_PARAMS = (
     Param("n_dims", int, min=0, doc="rotated dims per row (even, <= ne0)"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .types import GGMLType
+from ..types import GGMLType
 
 
 def mul_mat_b_rounding(a: GGMLType, b: GGMLType) -> GGMLType | None:
@@ -69,7 +69,7 @@ class RopeTables:
 
 def rope_tables(p, pos: np.ndarray, n_tok: int) -> RopeTables:
     """The per-pair tables of a ROPE/ROPE_BACK node with params ``p`` and positions ``pos``."""
-    from .ops import RopeMode
+    from .codes import RopeMode
 
     mode, n_dims, offs = p["mode"], p["n_dims"], p["n_offs"]
     if mode == RopeMode.VISION:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from .errors import Unsupported
+from ..errors import Unsupported
+from ..tensor import Tensor
+from ..types import GGMLType
 from .hookspecs import INTERFACE_VERSION
-from .tensor import Tensor
-from .types import GGMLType
 
 Kernel = Callable[[Tensor], None]
 

@@ -10,7 +10,7 @@ import resource
 import sys
 import time
 
-from .settings import ENV_THREADS, MAX_THREADS
+from ..settings import ENV_THREADS, MAX_THREADS
 
 
 def add_parser(sub) -> None:
@@ -58,9 +58,9 @@ def _threads(s: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .errors import PrismError
-    from .models import Sampler, load
-    from .progress_bars import ProgressBars
+    from ..errors import PrismError
+    from ..models import Sampler, load
+    from ..progress_bars import ProgressBars
     if args.threads is not None:  # every backend reads the one setting when it is selected
         os.environ[ENV_THREADS] = str(args.threads)
     try:

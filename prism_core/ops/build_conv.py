@@ -1,5 +1,5 @@
 """Graph-building functions for the conv ops (ggml's ``ggml_im2col``, ``ggml_conv_2d``,
-``ggml_pool_2d``, ``ggml_upscale_ext``...). Re-exported by :mod:`prism_core.build`.
+``ggml_pool_2d``, ``ggml_upscale_ext``...). Re-exported by :mod:`prism_core.ops.build`.
 
 Shapes are ggml order (``ne[0]`` innermost): a 2D kernel is [KW, KH, IC, OC], a 2D
 input [W, H, IC, N]; 1D kernels are [K, IC, OC] and inputs [L, IC, N].
@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import InvalidArgument
+from ..tensor import Tensor, check_ne
+from ..types import F16, F32, as_type
 from .build import _tensor_arg, mul_mat, node, permute, reshape
 from .build import cont as _cont
-from .errors import InvalidArgument
-from .optable_conv import PoolOp, ScaleMode
-from .tensor import Tensor, check_ne
-from .types import F16, F32, as_type
+from .table_conv import PoolOp, ScaleMode
 
 
 def _enum(cls, value: Any, what: str):

@@ -32,9 +32,9 @@ from typing import Any
 
 import pluggy
 
+from ..errors import BackendUnavailable, InvalidArgument, UnknownBackend
 from . import hookspecs
-from .backend import Backend
-from .errors import BackendUnavailable, InvalidArgument, UnknownBackend
+from .base import Backend
 
 ENTRY_POINT_GROUP = "prism.backends"
 ENV_BACKEND = "PRISM_BACKEND"
@@ -120,7 +120,7 @@ def _canonical(name: str) -> str:
 def _own_roots() -> tuple[Path, ...]:
     """Where this distribution's backend packages live: beside prism_core (an installed
     wheel) or in the checkout's ``backends/`` folder (a source tree)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # prism_core/plugin/registry.py -> beside prism_core
     return root, root / "backends"
 
 

@@ -1,4 +1,4 @@
-"""Op-table declarations: conv ops (part of the one op table, :data:`prism_core.optable.OPS`).
+"""Op-table declarations: conv ops (part of the one op table, :data:`prism_core.ops.table.OPS`).
 
 IM2COL / IM2COL_BACK, CONV_TRANSPOSE_1D, CONV_2D (direct), POOL_1D, POOL_2D /
 POOL_2D_BACK and UPSCALE, with ggml's parameters and output sizes. Shapes are ggml
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import enum
 
-from .errors import InvalidArgument, ShapeMismatch, TypeMismatch
-from .ops import Op
-from .optable import (
+from ..errors import InvalidArgument, ShapeMismatch, TypeMismatch
+from ..types import F16, F32, GGMLType, traits
+from .codes import Op
+from .params import Param
+from .table import (
     COPY_SPECIAL,
     FLOATS,
     IGNORE,
@@ -26,8 +28,6 @@ from .optable import (
     f32,
     spec,
 )
-from .params import Param
-from .types import F16, F32, GGMLType, traits
 
 
 class PoolOp(enum.IntEnum):

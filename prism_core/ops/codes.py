@@ -1,7 +1,7 @@
 """Op codes with ggml's numbering (column H of the reference: ggml HEAD d99724f2).
 
 The full lists are declared for interoperability (GGUF, ggml graphs); which ops Prism
-implements is what the op table (:mod:`prism_core.optable`) declares."""
+implements is what the op table (:mod:`prism_core.ops.table`) declares."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 _REQUIRED = object()
 FLOAT32_MAX = float(np.finfo(np.float32).max)

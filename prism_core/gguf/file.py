@@ -1,4 +1,4 @@
-"""GGUF files: load one memory-mapped (no tensor data is copied or read), save tensors as one.
+"""A GGUF file opened memory-mapped: :class:`GGUFFile` and :func:`load` (no tensor data is copied or read).
 
 ::
 
@@ -11,7 +11,7 @@ The file is mapped copy-on-write: pages are read from disk only when a kernel re
 them, and the kernels of every backend (which take writable arrays) can read them; Prism
 itself refuses every write into a mapped tensor (see :attr:`Tensor.read_only`), and the
 file on disk can never change through the mapping. The header is validated completely
-before any tensor is created (:mod:`prism_core.gguf_reader`); a malformed file raises
+before any tensor is created (:mod:`prism_core.gguf.reader`); a malformed file raises
 :class:`~prism_core.errors.MalformedFile` and leaves a caller's context as it was.
 """
 
@@ -23,12 +23,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .context import Context
-from .errors import InvalidArgument
-from .gguf_format import V
-from .gguf_reader import Metadata, TensorInfo, parse_header
-from .gguf_writer import save
-from .tensor import Tensor
+from ..context import Context
+from ..errors import InvalidArgument
+from ..tensor import Tensor
+from .format import V
+from .reader import Metadata, TensorInfo, parse_header
+from .writer import save
 
 GGUFValueType = V
 

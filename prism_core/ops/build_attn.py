@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..tensor import Tensor
 from .build import _tensor_arg, node
-from .ops import RopeMode
-from .tensor import Tensor
+from .codes import RopeMode
 
 
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims: int = 0,

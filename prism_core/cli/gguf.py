@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .gguf import GGUFFile, load
-from .gguf_format import V
+from ..gguf.file import GGUFFile, load
+from ..gguf.format import V
 
 LONG_ARRAY = 8  # arrays longer than this are summarised: item type, length, first items
 LONG_STRING = 120

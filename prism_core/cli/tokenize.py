@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from . import from_gguf
+    from ..tokenizer import from_gguf
 
     tok = from_gguf(args.file)
     ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)

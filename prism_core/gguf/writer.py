@@ -17,7 +17,7 @@ for an array of X):
 - lists and tuples -> an array: all str -> STRING, all bool -> BOOL, all int -> the first of
   UINT32, INT32, INT64, UINT64 holding every item, ints and floats -> FLOAT32; empty or mixed:
   give the item type. Arrays of arrays are refused (ggml's reader rejects them).
-- a loaded file's :class:`~prism_core.gguf_reader.Metadata` keeps each key's recorded type.
+- a loaded file's :class:`~prism_core.gguf.reader.Metadata` keeps each key's recorded type.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BoundExceeded, InvalidArgument, TypeMismatch, Unsupported
-from .gguf_format import (
+from ..errors import BoundExceeded, InvalidArgument, TypeMismatch, Unsupported
+from ..tensor import MAX_NAME, Tensor
+from .format import (
     ALIGNMENT_KEY,
     DEFAULT_ALIGNMENT,
     DTYPES,
@@ -47,8 +48,7 @@ from .gguf_format import (
     is_value_type,
     pad,
 )
-from .gguf_reader import Metadata
-from .tensor import MAX_NAME, Tensor
+from .reader import Metadata
 
 _INT_ORDER = (V.UINT32, V.INT32, V.INT64, V.UINT64)
 _RANGES = {t: (int(np.iinfo(DTYPES[t]).min), int(np.iinfo(DTYPES[t]).max)) for t in INT_TYPES}

@@ -3,7 +3,7 @@
 A declaration (:class:`OpDef`) holds the op's key (ggml's ``op_desc``: the op name,
 or the sub-op name for UNARY and GLU), its sources with the types each accepts, its
 parameter schema, its shape/type rule, whether an in-place variant exists, its
-conformance error bound and a one-line formula. The builders (:mod:`prism_core.build`),
+conformance error bound and a one-line formula. The builders (:mod:`prism_core.ops.build`),
 backends' default ``supports``, the conformance suite and ``prism ops`` all read it.
 
 Shapes in rules are ggml order: ``ne[0]`` is the row length.
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
-from .ops import GluOp, Op, SortOrder, UnaryOp
+from ..errors import BoundExceeded, InvalidArgument, ShapeMismatch, TypeMismatch
+from ..quant import OUT_OF_SCOPE, can_quantize
+from ..tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of, overlaps_itself
+from ..types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
+from .codes import GluOp, Op, SortOrder, UnaryOp
 from .params import Param
-from .quant import OUT_OF_SCOPE, can_quantize
-from .tensor import MAX_NE, Flag, Tensor, check_ne, contiguous_strides, nbytes_of, overlaps_itself
-from .types import BF16, F16, F32, I32, I64, PLAIN_TYPES, GGMLType, traits
 
 FLOATS = frozenset({F32, F16, BF16})
 ONLY_F32 = frozenset({F32})
@@ -112,7 +112,7 @@ class OpDef:
     family: str = ""  # groups ops whose conformance cases share a generator
     fixed: Mapping[str, Any] = field(default_factory=dict)  # params implied by the key (sub-op)
     # Derivative rules: source name -> rule(B, node, g) giving that source's gradient
-    # contribution (B = prism_core.build), or IGNORE for sources that only supply
+    # contribution (B = prism_core.ops.build), or IGNORE for sources that only supply
     # indices/shapes and never receive a gradient. A source missing here cannot be
     # differentiated: asking for its gradient raises Unsupported with ``nograd``.
     grad: Mapping[str, Any] = field(default_factory=dict)
@@ -611,7 +611,7 @@ def _zeros(n: Tensor, ne) -> Tensor:
 
 
 def _unsupported(msg: str) -> None:
-    from .errors import Unsupported
+    from ..errors import Unsupported
     raise Unsupported(msg)
 
 
@@ -721,7 +721,7 @@ PIECEWISE_CONSTANT = {"SGN", "STEP", "FLOOR", "CEIL", "ROUND", "TRUNC"}
 A = (Src("a", FLOATS),)
 AB = (Src("a", FLOATS), Src("b", FLOATS))
 EPS = (Param("eps", float, 0.0, min=0.0, doc="added to the variance / mean square"),)
-# Shared wording of the op pages (prism_core.opspec)
+# Shared wording of the op pages (prism_core.ops.spec)
 ELEMENTWISE_SHAPE = "a's type and shape (the float types); a may be any view"
 IEEE_SPECIAL = ("IEEE 754 float arithmetic: NaN in gives NaN out, infinities follow the formula (inf - inf, 0 * inf "
                 "and 0 / 0 give NaN; x / 0 gives a signed infinity)")
@@ -1200,7 +1200,7 @@ def infer(d: OpDef, srcs: Mapping[str, Tensor | None], params: Mapping[str, Any]
 
 
 # The table continues in sibling modules, one per op family; they register into OPS.
-from . import optable_attn, optable_conv  # noqa: E402,F401,I001
+from . import table_attn, table_conv  # noqa: E402,F401,I001
 
 # Listed in ggml's op order (sub-ops in their enum order), whichever module declared them.
 for _d in sorted(OPS.values(), key=lambda d: (int(d.op), int(d.sub) if d.sub is not None else -1)):

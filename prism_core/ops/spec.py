@@ -1,8 +1,8 @@
 """The op specification: one page per op, generated from the op table.
 
-Everything on a page comes from the op's :class:`~prism_core.optable.OpDef` (its sources
+Everything on a page comes from the op's :class:`~prism_core.ops.table.OpDef` (its sources
 and types, params, rule, bound, derivative rules) and the long form beside it
-(:class:`~prism_core.optable.Spec`: shape rule in words, formula, NaN/inf/-0 behaviour,
+(:class:`~prism_core.ops.table.Spec`: shape rule in words, formula, NaN/inf/-0 behaviour,
 a worked example), so the text cannot drift from what the builders check and the
 conformance suite certifies. ``prism ops OP``, ``prism ops --markdown DIR`` and
 ``prism ops --json`` print it.
@@ -13,12 +13,12 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .context import Context
-from .ops import Op
-from .optable import IGNORE, OPS, Example, OpDef, describe_types, opdef
+from ..context import Context
+from ..tensor import Tensor
+from ..types import INT_TYPES, traits
+from .codes import Op
 from .params import Param
-from .tensor import Tensor
-from .types import INT_TYPES, traits
+from .table import IGNORE, OPS, Example, OpDef, describe_types, opdef
 
 # What holds for every op unless its page says otherwise (the reference computes this way,
 # and the suite compares against it).
@@ -75,7 +75,7 @@ def derivative(d: OpDef) -> dict[str, str]:
 
 
 def _piecewise() -> frozenset[str]:
-    from .optable import PIECEWISE_CONSTANT
+    from .table import PIECEWISE_CONSTANT
     return frozenset(PIECEWISE_CONSTANT)
 
 
@@ -152,7 +152,7 @@ def build_example(key: str, ctx: Context | None = None) -> Tensor:
 
 
 def _element_bound(d: OpDef) -> str:
-    from .conformance.accuracy import bound_text
+    from ..conformance.accuracy import bound_text
     return bound_text(d)
 
 

@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgument, MalformedFile
-from .gguf_format import (
+from ..errors import InvalidArgument, MalformedFile
+from ..tensor import MAX_DIMS, MAX_NAME, MAX_NE, contiguous_strides, nbytes_of
+from ..types import GGMLType, as_type, traits
+from .format import (
     ALIGNMENT_KEY,
     DEFAULT_ALIGNMENT,
     DTYPES,
@@ -40,8 +42,6 @@ from .gguf_format import (
     decode_text,
     pad,
 )
-from .tensor import MAX_DIMS, MAX_NAME, MAX_NE, contiguous_strides, nbytes_of
-from .types import GGMLType, as_type, traits
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from .context import Context
-from .errors import BoundExceeded, InvalidArgument
-from .ops import GluOp, Op, SortOrder, UnaryOp
-from .optable import OPS, OpDef, Out, ViewOut, infer, opdef
+from ..context import Context
+from ..errors import BoundExceeded, InvalidArgument
+from ..tensor import MAX_SRC, Tensor, overlaps_itself
+from ..types import traits
+from .codes import GluOp, Op, SortOrder, UnaryOp
 from .params import check_params
-from .tensor import MAX_SRC, Tensor, overlaps_itself
-from .types import traits
+from .table import OPS, OpDef, Out, ViewOut, infer, opdef
 
 
 def node(key: str | Op | UnaryOp | GluOp, *srcs: Tensor | None, inplace: bool = False,
@@ -271,7 +271,7 @@ def cpy(a: Tensor, b: Tensor) -> Tensor:
 
 def cast(a: Tensor, type: Any) -> Tensor:
     """A new tensor of ``type`` holding a's values (ggml_cast)."""
-    from .types import as_type
+    from ..types import as_type
     a = _tensor_arg("cast", "a", a)
     with a.ctx.transaction():
         return cpy(a, a.ctx.new_tensor(as_type(type), a.ne))

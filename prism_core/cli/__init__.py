@@ -1,0 +1,43 @@
+"""The ``prism`` command: one module per subcommand, each with ``add_parser(sub)``.
+
+A new command is one module here and one name in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import signal
+import sys
+
+from .. import __version__
+from ..errors import PrismError
+
+COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "run", "gguf", "tokenize")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="prism", description="Prism: ggml's tensor semantics with pluggable backends")
+    p.add_argument("--version", action="version", version=f"prism {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f".{name}", __name__).add_parser(sub)
+    args = p.parse_args(argv)
+    if getattr(args, "report", None):
+        for fmt, _ in args.report:
+            if fmt not in ("json", "markdown", "md"):
+                p.error(f"--report FORMAT must be json or markdown, got {fmt!r}")
+    if hasattr(signal, "SIGPIPE"):  # `prism ops | head` should end quietly
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        return args.func(args)
+    except PrismError as e:
+        print(f"prism: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before or after the run proper (which reports what finished)
+        print("prism: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

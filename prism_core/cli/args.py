@@ -1,0 +1,48 @@
+"""Argument types shared by the commands: a bad value is a usage error (exit 2), as argparse's own."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+MAX_SECONDS = 1e6  # about 11 days: beyond it "no limit" is meant (0), and OS timers overflow
+
+
+def seconds_arg(text: str) -> float:
+    """A finite number of seconds, 0 to MAX_SECONDS."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    if x > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:g} seconds (0: no limit), got {text!r}")
+    return x
+
+
+def budget_arg(text: str) -> float:
+    x = seconds_arg(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return x
+
+
+def int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {n}")
+        return n
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def jobs_arg(text: str) -> int:
+    if text == "auto":
+        return os.cpu_count() or 1
+    return int_at_least(1)(text)

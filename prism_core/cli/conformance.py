@@ -1,0 +1,153 @@
+"""``prism conformance``: run the suite on backends and print the op-by-backend table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..errors import PrismError
+from .args import budget_arg, int_at_least, jobs_arg, seconds_arg
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("conformance", help="run the conformance suite and print the op-by-backend table")
+    c.add_argument("--backend", action="append", metavar="NAME", help="backend name or 'all' (default: all)")
+    c.add_argument("--op", action="append", metavar="OP", help="only this op key (repeatable)")
+    c.add_argument("--mode", default="forward", choices=["forward", "grad"],
+                   help="forward: values against the reference; grad: gradients against finite differences")
+    c.add_argument("--report", nargs=2, action="append", metavar=("FORMAT", "FILE"),
+                   help="also write the support table as FORMAT (json or markdown) to FILE (repeatable)")
+    c.add_argument("--random", type=int_at_least(1), metavar="N", default=None,
+                   help="instead of the fixed cases, N random cases per op (elementwise, matmul, softmax, "
+                        "norm families): random shapes, types, strides/layouts and params")
+    c.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of --random (default 0); "
+                   "the same seed draws the same cases")
+    c.add_argument("--timeout", type=seconds_arg, default=None, metavar="SECONDS",
+                   help="per-case limit (default 120; 0: none); a case over it is reported TIMEOUT, its worker "
+                        "is killed and a new one resumes after that op's cases")
+    c.add_argument("--budget", type=budget_arg, default=None, metavar="SECONDS",
+                   help="overall limit of the run; when it runs out the workers are stopped and the cases "
+                        "left are reported NOT RUN (the results so far are printed and reported)")
+    c.add_argument("--jobs", "-j", type=jobs_arg, default=1, metavar="N",
+                   help="worker processes at once (default 1; 'auto': one per core); each backend's cases "
+                        "are split into batches at op boundaries")
+    c.add_argument("--in-process", action="store_true",
+                   help="run the backends in this process (worker threads with the per-case timeout; 0: the "
+                        "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
+    c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="also list every unsupported case with the backend's reason and its replay command")
+    c.add_argument("--case", action="append", metavar="ID",
+                   help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
+                        "in this process, printing its inputs, the expected and the actual output")
+    c.set_defaults(func=cmd_conformance)
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    from ..conformance.report import certificate, summary, table, to_json, to_markdown
+    from ..conformance.runner import DEFAULT_TIMEOUT, NOT_RUN, CaseResult, run, run_grad
+    from ..conformance.workers import Suite, in_process_only, run_suite
+    from ..ops.table import OPS, opdef
+    from ..plugin.registry import REGISTRY, backend, backends
+    if args.case:
+        return _replay(args)
+    ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
+    if args.mode == "grad":
+        ops = [k for k in ops if OPS[k].differentiable]
+    if args.random is not None and args.mode == "grad":
+        raise PrismError("--random draws forward cases only; use it without --mode grad")
+    if not args.backend or "all" in args.backend:
+        infos = {i.name: i for i in backends()}
+        names = [n for n, i in infos.items() if i.available]
+        for i in infos.values():
+            if not i.available:
+                print(f"skipping {i.name}: unavailable ({i.reason})")
+    else:
+        names = list(dict.fromkeys(backend(n).name for n in args.backend))  # selecting asks only these
+    if args.random is not None:
+        from ..conformance.random_cases import RANDOM
+        skipped = [k for k in ops if k not in RANDOM]
+        if args.op and skipped:
+            print(f"no random cases for {', '.join(skipped)} (random cases cover the elementwise, "
+                  "MUL_MAT, SOFT_MAX and norm families)")
+        ops = [k for k in ops if k in RANDOM]
+    suite = Suite(mode=args.mode, ops=tuple(ops), random=args.random, seed=args.seed)
+    cases = suite.cases()
+    timeout = DEFAULT_TIMEOUT if args.timeout is None else (args.timeout or None)
+    deadline = time.monotonic() + args.budget if args.budget else None
+    local = names if args.in_process else in_process_only(names)
+    for n in local if not args.in_process else ():
+        print(f"running {n} in this process: its plugin was registered in-process in a form a worker "
+              "process cannot load, so a crash there ends the run")
+
+    def event(text: str) -> None:
+        print(f"prism: {text}", file=sys.stderr, flush=True)
+    outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
+                        jobs=args.jobs, on_event=event, cases=cases)
+    interrupted, out_of_budget = outcome.interrupted, outcome.out_of_budget
+    results = {}
+    for name in names:
+        if name not in local:
+            results[name] = outcome.results[name]
+            continue
+        done: list[CaseResult] = []
+        if not interrupted:
+            try:
+                runner = run_grad if args.mode == "grad" else run
+                runner(backend(name), cases, timeout=timeout, progress=done.append, deadline=deadline)
+            except KeyboardInterrupt:
+                interrupted = True
+        why = "not run: interrupted" if interrupted else "not run: the overall budget ran out"
+        results[name] = done + [CaseResult(c, name, NOT_RUN, why) for c in cases[len(done):]]
+        out_of_budget |= any(r.status == NOT_RUN for r in done)
+    if args.quiet:
+        for name, rs in results.items():
+            print(summary(name, rs))
+    else:
+        print(table(results, ops, verbose=args.verbose))
+    incomplete = ("interrupted" if interrupted else
+                  f"the overall budget of {args.budget:g} s ran out" if out_of_budget else "")
+    if incomplete:
+        print(f"incomplete run: {incomplete}; cases that did not run are reported NOT RUN")
+    if args.report:
+        meta = {}
+        for name in names:
+            i = REGISTRY.info(name)
+            meta[name] = {"version": i.version, "plugin": i.plugin, "interface_version": i.interface_version,
+                          "priority": i.priority, "reference": bool(i.backend.is_reference)}
+        run_info = {"timeout_s": timeout, "budget_s": args.budget, "jobs": args.jobs,
+                    "isolation": "in-process" if args.in_process else "process", "complete": not incomplete}
+        if incomplete:
+            run_info["incomplete_reason"] = incomplete
+        if args.random is not None:
+            run_info.update(random=args.random, seed=args.seed)
+        cert = certificate(results, ops, mode=args.mode, backends=meta, run=run_info)
+        for fmt, path in args.report:
+            text = to_json(cert) if fmt == "json" else to_markdown(cert)
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+            except OSError as e:
+                raise PrismError(f"cannot write the {fmt} report to {path}: {e}") from None
+            print(f"wrote {fmt} report to {path}")
+    if interrupted:
+        return 130
+    return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``--case ID``: exactly that case, in this process, with its inputs and both outputs."""
+    from ..conformance.replay import replay
+    from ..plugin.registry import backend
+    if not args.backend or "all" in args.backend or len(args.backend) != 1:
+        raise PrismError("--case replays on one backend: give --backend NAME once")
+    if args.op or args.random is not None or args.report:
+        raise PrismError("--case names the case itself; it takes no --op, --random or --report")
+    be = backend(args.backend[0])
+    failed = False
+    for cid in args.case:
+        text, result = replay(cid, be)
+        print(text)
+        failed |= result.failed
+    return 1 if failed else 0
