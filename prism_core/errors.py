@@ -58,5 +58,6 @@ class PluginError(PrismError, RuntimeError):
 
 
 class PrismWarning(UserWarning):
-    """Prism accepted something as ggml does, but part of it has no effect (e.g. datapoints
-    in a partial shard that no batch uses)."""
+    """Prism did what was asked, but something about it deserves a word: part of it has no effect as in
+    ggml (datapoints in a partial shard that no batch uses), or it will be very slow (a real model on the
+    float64 reference backend)."""

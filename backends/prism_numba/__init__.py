@@ -110,6 +110,10 @@ class NumbaBackend(prism_core.Backend):
         import numba
         return numba.get_num_threads()
 
+    def compile_seconds(self) -> float:
+        from .compile_progress import LISTENER
+        return LISTENER.seconds
+
     def refusal(self, node: Tensor) -> str:
         """Why numba does not compute ``node`` ("" when it does); supports() derives from it."""
         refused = TABLE.refusal(node) or self._block_type_refusal(node)

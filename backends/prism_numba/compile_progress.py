@@ -9,6 +9,8 @@ holds numba's global compiler lock, so the events arrive one thread at a time.""
 
 from __future__ import annotations
 
+import time
+
 from numba.core import event
 
 from prism_core import progress
@@ -30,6 +32,8 @@ class CompileListener(event.Listener):
     def __init__(self) -> None:
         self.depth = 0
         self.compiled = 0  # kernels compiled by this process so far
+        self.seconds = 0.0  # time spent in this backend's outermost compilations
+        self._started = 0.0
         self._ours = False  # whether the outermost compilation in progress is one of this backend's kernels
 
     def on_start(self, ev: event.Event) -> None:
@@ -37,6 +41,7 @@ class CompileListener(event.Listener):
         if self.depth == 1:
             name, module = _kernel_name(ev.data)
             self._ours = module == PACKAGE or module.startswith(PACKAGE + ".")
+            self._started = time.perf_counter()
             if self._ours and progress.active():
                 progress.report(TASK, self.compiled, unit="kernels", detail=f"compiling {name}")
 
@@ -44,6 +49,7 @@ class CompileListener(event.Listener):
         self.depth -= 1
         if self.depth == 0 and self._ours:
             self.compiled += 1
+            self.seconds += time.perf_counter() - self._started
             if progress.active():
                 progress.report(TASK, self.compiled, unit="kernels", detail=f"compiled {_kernel_name(ev.data)[0]}")
 

@@ -13,7 +13,7 @@ import sys
 from .. import __version__
 from ..errors import PrismError
 
-COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "run", "gguf", "tokenize")
+COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,8 +76,9 @@ def render(d: dict[str, Any]) -> str:
 
 
 def cmd_gguf(args: argparse.Namespace) -> int:
+    from .models import model_path
     try:
-        with load(args.file) as f:
+        with load(model_path(args.file)) as f:
             d = describe(f, args.items)
     except OSError as e:
         print(f"prism: error: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
@@ -88,7 +89,7 @@ def cmd_gguf(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     g = sub.add_parser("gguf", help="show a GGUF file's header, metadata and tensor table")
-    g.add_argument("file", help="path of the .gguf file")
+    g.add_argument("file", metavar="MODEL", help="a .gguf file, or a model known by name (prism models)")
     g.add_argument("--json", action="store_true", help="print it as JSON")
     g.add_argument("--items", type=int, default=LONG_ARRAY, metavar="N",
                    help=f"arrays longer than N are summarised by their first N items (default {LONG_ARRAY})")

@@ -66,6 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
+        model, load_s, ids = None, 0.0, []
         with ProgressBars(sys.stderr, enabled=args.progress) as bars:
             t0 = time.perf_counter()
             model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
@@ -91,9 +92,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except PrismError as e:
         print(f"prism run: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the statistics of what was done (the reference backend takes seconds a token)
+        if model is None:
+            raise
+        print(file=sys.stdout, flush=True)
+        print(f"prism run: interrupted after {len(ids)} generated tokens", file=sys.stderr)
+        print(_report(model, load_s), file=sys.stderr)
+        return 130
     t = model.timings
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
-    file_mb = model.source.file_size / 1e6 if model.source is not None else 0.0
+    peak_mb, file_mb = _peak_and_file_mb(model)
     if args.json:
         print(json.dumps({"model": args.model, "backend": model.backend.name,
                           "threads": model.backend.threads, "prompt_ids": prompt_ids, "ids": ids,
@@ -101,12 +108,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
                           "decode_tokens": t.n_decode, "decode_s": t.decode_s, "decode_tok_s": t.decode_tok_s,
+                          "compile_s": t.compile_s,
                           "peak_rss_mb": peak_mb, "file_mb": file_mb}))
     else:
         print(file=sys.stdout, flush=True)  # the text's line ends before the report on stderr
-        print(f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
-              f"tokens: {t.decode_tok_s:.1f} tok/s; load {load_s:.2f} s; threads {model.backend.threads}; "
-              f"peak memory {peak_mb:.0f} MB"
-              + (f" ({peak_mb / file_mb:.2f}x the {file_mb:.0f} MB file)" if file_mb else ""),
-              file=sys.stderr)
+        print(_report(model, load_s), file=sys.stderr)
     return 0
+
+
+def _peak_and_file_mb(model) -> tuple[float, float]:
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # ru_maxrss is in KiB on Linux
+    return peak_mb, (model.source.file_size / 1e6 if model.source is not None else 0.0)
+
+
+def _report(model, load_s: float) -> str:
+    """The speeds line: prompt and decode speeds (kernel compiling counted apart), load, threads, memory."""
+    t = model.timings
+    peak_mb, file_mb = _peak_and_file_mb(model)
+    compiled = f"compile {t.compile_s:.1f} s (not in the speeds); " if t.compile_s >= 0.05 else ""
+    return (f"[{model.backend.name}] prompt {t.n_prompt} tokens: {t.prompt_tok_s:.1f} tok/s; decode {t.n_decode} "
+            f"tokens: {t.decode_tok_s:.1f} tok/s; {compiled}load {load_s:.2f} s; threads {model.backend.threads}; "
+            f"peak memory {peak_mb:.0f} MB"
+            + (f" ({peak_mb / file_mb:.2f}x the {file_mb:.0f} MB file)" if file_mb else ""))

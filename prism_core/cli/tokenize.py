@@ -8,7 +8,8 @@ import json
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("tokenize", help="print the token ids and pieces of TEXT under FILE's vocabulary")
-    t.add_argument("file", metavar="FILE", help="a GGUF file (a model or a vocabulary-only file)")
+    t.add_argument("file", metavar="MODEL", help="a GGUF file (a model or a vocabulary-only file), or a model "
+                   "known by name (prism models)")
     t.add_argument("text", metavar="TEXT", help="the text to tokenize")
     t.add_argument("--no-add-special", dest="add_special", action="store_false",
                    help="do not add the BOS/EOS tokens the vocabulary asks for")
@@ -20,8 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from ..tokenizer import from_gguf
-
-    tok = from_gguf(args.file)
+    from .models import model_path
+    tok = from_gguf(model_path(args.file))
     ids = tok.encode(args.text, add_special=args.add_special, parse_special=args.parse_special)
     pieces = tok.pieces(ids)
     if args.json:

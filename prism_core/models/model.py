@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BoundExceeded, InvalidArgument
+from ..errors import BoundExceeded, InvalidArgument, PrismWarning
 from ..graph import Graph
 from ..ops import build as B
 from ..plan import Plan, Workspace, plan
@@ -35,6 +36,7 @@ MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the le
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
+SLOW_REFERENCE_BYTES = 16 << 20  # weights beyond this on the reference backend get a warning: it is slow
 PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 
 
@@ -51,12 +53,25 @@ class Token:
 
 @dataclass
 class Timings:
-    """Of the last :meth:`Model.generate`: prompt tokens and seconds, decoded tokens and seconds."""
+    """Of the last :meth:`Model.generate`: prompt tokens and seconds, decoded tokens and seconds, and the
+    seconds the backend spent compiling kernels meanwhile (a JIT backend's first graphs; not counted in
+    the prompt or decode seconds, so the speeds are the kernels')."""
 
     n_prompt: int = 0
     prompt_s: float = 0.0
     n_decode: int = 0
     decode_s: float = 0.0
+    compile_s: float = 0.0
+
+    def timed(self, step, backend: Backend) -> tuple[Any, float]:
+        """``step()``'s result and its seconds less the backend's compiling meanwhile (added to compile_s)."""
+        compiled = backend.compile_seconds()
+        start = time.perf_counter()
+        out = step()
+        seconds = time.perf_counter() - start
+        compiling = backend.compile_seconds() - compiled
+        self.compile_s += compiling
+        return out, max(0.0, seconds - compiling)
 
     @property
     def prompt_tok_s(self) -> float:
@@ -105,6 +120,11 @@ class Model:
         self.flash_attn = flash_attn  # FLASH_ATTN_EXT; off: llama.cpp's default unfused attention (its rounding)
         self.workspace = Workspace()  # one compute graph runs at a time: every plan's scratch in one buffer
         self.backend = select_backend(backend) if not isinstance(backend, Backend) else backend
+        weight_bytes = sum(t.nbytes for t in tensors.values())
+        if self.backend.is_reference and weight_bytes > SLOW_REFERENCE_BYTES:
+            warnings.warn(f"the {self.backend.name} reference backend computes a model exactly, in float64: about "
+                          "0.2-0.7 tokens/s for Gemma 3 270M; it is the ground truth the other backends are checked "
+                          "against, not a runner (use csimd or numba for speed)", PrismWarning, stacklevel=3)
         self._tokenizer = tokenizer
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
@@ -250,9 +270,7 @@ class Model:
                                 f"of {self.cache.n_ctx} tokens")
         self.cache.clear()
         self.timings = t = Timings(n_prompt=len(ids))
-        start = time.perf_counter()
-        logits = self.eval(ids)[-1]
-        t.prompt_s = time.perf_counter() - start
+        logits, t.prompt_s = t.timed(lambda: self.eval(ids)[-1], self.backend)
         history, n_out = list(ids), 0
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for _ in range(max_tokens):
@@ -264,9 +282,8 @@ class Model:
             piece = self.tokenizer.piece_bytes(tok, special)
             yield Token(tok, utf8.decode(piece, final=n_out == max_tokens), piece)
             if n_out < max_tokens:
-                start = time.perf_counter()
-                logits = self.eval([tok])[-1]
-                t.decode_s += time.perf_counter() - start
+                logits, seconds = t.timed(lambda: self.eval([tok])[-1], self.backend)  # noqa: B023 - called now
+                t.decode_s += seconds
                 t.n_decode += 1
 
     def perplexity(self, text: str | Sequence[int]) -> float:

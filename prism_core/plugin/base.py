@@ -41,6 +41,11 @@ class Backend:
     def threads(self) -> int:
         return 1
 
+    def compile_seconds(self) -> float:
+        """Optional: the seconds this process has spent compiling kernels so far (a JIT backend's first
+        graphs); the model's timings report them apart from the prompt and decode speeds."""
+        return 0.0
+
     def refusal(self, node: Tensor) -> str | None:
         """Optional: why this backend does not compute ``node``, in a few words ("" when it
         does). Override it to write each refusal once: :meth:`supports` and
