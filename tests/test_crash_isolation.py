@@ -201,6 +201,7 @@ def test_pytest_plugin_survives_a_crashing_backend_under_xdist(installed, tmp_pa
     assert "not run: an earlier case of ADD" in r.stdout
 
 
+@pytest.mark.slow
 def test_pytest_plugin_hang_costs_one_timeout(installed, tmp_path):
     _, env = installed
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",

@@ -359,6 +359,7 @@ def _sanitizer_runtime() -> tuple[str, str] | None:
     return libs[0], libs[1]
 
 
+@pytest.mark.slow
 def test_sanitized_build_runs_conformance_clean(tmp_path):
     """The whole conformance suite (forward and gradients) on every ISA path, with the module
     built with -fsanitize=address,undefined and the runtimes preloaded (csrc/README.md)."""

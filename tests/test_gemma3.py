@@ -49,6 +49,7 @@ def test_prompt_tokenises_as_llama_cpp():
     assert model.eog_ids == {1, 106, 212}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "numba", "csimd"])
 def test_greedy_continuation_matches_the_float64_forward(backend):
     if backend not in {b.name for b in pc.backends() if b.available}:
@@ -114,6 +115,7 @@ def test_prism_run_threads(capsys, monkeypatch):
         assert out["threads"] == 1 and out["ids"] == float64_greedy()[1][:2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["csimd", "numba"])
 def test_values_do_not_depend_on_the_thread_count(backend, monkeypatch):
     """Parallel backends take fewer threads while other processes keep the cores busy

@@ -183,6 +183,7 @@ def test_gemma_recorded_prompt_ids_are_llamacpps_and_prisms():
         assert model.encode(fx.GEMMA_PROMPTS[i]) == RECORDED[f"gemma3-270m/ids{i}"].tolist(), fx.GEMMA_PROMPTS[i]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "flash_attn"), [(b, True) for b in BACKENDS] + [("csimd", False)],
                          ids=[f"{b}-fused" for b in BACKENDS] + ["csimd-unfused"])
 def test_gemma_logits_agree_with_llamacpp(backend, flash_attn):

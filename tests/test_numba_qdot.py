@@ -206,6 +206,7 @@ def _round_cases(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([x, -x])
 
 
+@pytest.mark.slow
 def test_generic_vector_code_equals_vnni(nb, tmp_path):
     """The portable code (NUMBA_CPU_NAME=generic: plain vector IR for the lane sums, integer fp16
     conversions; compiled afresh in a subprocess) gives the same bits as this host's code: the same
