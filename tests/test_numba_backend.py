@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import prism_core as pc
+from prism_core.settings import requested_threads
 
 pytest.importorskip("numba")
 
@@ -138,7 +139,9 @@ def test_threads_do_not_change_results():
             ctx = pc.Context()
             out = _heavy_graph(ctx, np.random.default_rng(2))
             pc.compute(out, be)
-            assert be.threads == n
+            # the setting took; the threads used may be fewer while other processes keep the cores busy
+            # (prism_core.contention), which is exactly what must not move a value
+            assert requested_threads() == n and 1 <= be.threads <= n
             results.append(out.numpy())
         finally:
             del os.environ["PRISM_NUM_THREADS"], os.environ["PRISM_NUMBA_SERIAL_WORK"]
