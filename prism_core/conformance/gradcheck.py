@@ -263,6 +263,14 @@ def swiglu_grad(d):
     yield GradCase(d.key, "split [6,2]", build)
 
 
+@grad_family("GEGLU")
+def geglu_grad(d):
+    def build(c, r):
+        a, b = param(c, r, (6, 2), -3, 3), param(c, r, (6, 2))
+        return B.geglu_split(a, b), [a, b]
+    yield GradCase(d.key, "split [6,2]", build, h=UNARY_GRAD_H["GELU"])  # its GELU reads the F16 table
+
+
 def grad_cases(ops: list[str] | None = None) -> list[GradCase]:
     keys = list(OPS) if not ops else [k.upper() for k in ops]
     return [c for k in keys if k in GRAD_CASES for c in GRAD_CASES[k](OPS[k])]

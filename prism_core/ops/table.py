@@ -660,13 +660,20 @@ def _concat_part(which: int):
     return rule
 
 
-def _glu_split_only(part: str):
+def _glu_split_only(part: str, act: GluOp):
+    """SWIGLU: silu(a) b; GEGLU: gelu(a) b, its a-slope that of the tanh formula (the forward's F16 table
+    follows it to within its rounding)."""
     def rule(B, n: Tensor, g: Tensor) -> Tensor:
         a, b = n.src[0], n.src[1] if len(n.src) > 1 else None
         if b is None:
             _unsupported(f"{n.opdef.key}: only the split form (glu_split) is differentiable")
-        return B.silu_back(B.mul(g, b), a) if part == "a" else B.mul(B.silu(a), g)
+        if act == GluOp.SWIGLU:
+            return B.silu_back(B.mul(g, b), a) if part == "a" else B.mul(B.silu(a), g)
+        return B.mul(B.mul(g, b), _gelu_slope(B, a)) if part == "a" else B.mul(B.gelu(a), g)
     return rule
+
+
+GLU_DIFFERENTIABLE = (GluOp.SWIGLU, GluOp.GEGLU)
 
 
 def _step_between(B, x: Tensor, lo: float, hi: float) -> Tensor:
@@ -1167,8 +1174,8 @@ for _g in GluOp:
     define(_g.name, Op.GLU, GLU_SRCS, _glu_rule,
            GLU_DOCS[_g] + "; x, g = the halves of each row of a (result ne0 = a.ne0 / 2), or x = a, g = b",
            sub=_g, family="glu", params=GLU_SWAPPED + (SWIGLU_OAI_PARAMS if _g == GluOp.SWIGLU_OAI else ()),
-           grad={"a": _glu_split_only("a"), "b": _glu_split_only("b")} if _g == GluOp.SWIGLU else {},
-           nograd="" if _g == GluOp.SWIGLU else "derivative rule not written yet (ggml has SWIGLU only)")
+           grad={"a": _glu_split_only("a", _g), "b": _glu_split_only("b", _g)} if _g in GLU_DIFFERENTIABLE else {},
+           nograd="" if _g in GLU_DIFFERENTIABLE else "derivative rule not written yet (ggml has SWIGLU only)")
 # GEGLU, GEGLU_QUICK: F16-rounded gelu(-1) = -0.1588080 -> -1301 * 2^-13 and gelu(2) = 1.9545977 -> 2002 * 2^-10
 # (2001.51 steps: 0.01 from a tie, far beyond float32's error), times g; quick: -1263 * 2^-13, 1982 * 2^-10
 GLU_EXAMPLES = {"REGLU": (0.0, 1.0), "GEGLU": (-0.4764404296875, 0.9775390625), "SWIGLU": (-0.80682426, 0.88079708),

@@ -216,14 +216,22 @@ def prepare_fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset,
 
 
 def run_fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset, setup: FitSetup,
-            make_opt_ctx: Callable[[FitSetup], OptContext], run_epoch: Callable[..., None]) -> FitResult:
+            make_opt_ctx: Callable[[FitSetup], OptContext], run_epoch: Callable[..., None], *,
+            restore: Callable[[OptContext, FitResult], int] | None = None,
+            on_epoch: Callable[[OptContext, FitResult], None] | None = None) -> FitResult:
     """The epochs of a fit: ``make_opt_ctx(setup)`` builds the optimizer context, ``run_epoch``
     (:func:`epoch`'s signature) runs each epoch. A run that raises leaves the model context
-    as it found it."""
+    as it found it.
+
+    ``restore(opt_ctx, fit_result)`` (resuming a run) is called once the optimizer context exists: it
+    puts back a checkpoint's state (parameters, moments, iteration, generator, the dataset's
+    permutation, ``fit_result.history``) and returns the number of epochs already done; the first
+    shuffle of all data is then not repeated. ``on_epoch(opt_ctx, fit_result)`` runs after every epoch
+    (its stats are ``fit_result.history[-1]``), e.g. to write a checkpoint."""
     flags = [(t, t.flags) for t in (inputs, outputs, outputs.view_src) if isinstance(t, Tensor)]
     mark = ctx.mark()
     try:
-        return _fit(dataset, setup, make_opt_ctx, run_epoch)
+        return _fit(dataset, setup, make_opt_ctx, run_epoch, restore, on_epoch)
     except BaseException:  # nothing of a failed fit stays in the model's context
         ctx.rollback(mark)
         for t, f in flags:
@@ -232,14 +240,17 @@ def run_fit(ctx: Context, inputs: Tensor, outputs: Tensor, dataset: Dataset, set
 
 
 def _fit(dataset: Dataset, setup: FitSetup, make_opt_ctx: Callable[[FitSetup], OptContext],
-         run_epoch: Callable[..., None]) -> FitResult:
+         run_epoch: Callable[..., None], restore: Callable[[OptContext, FitResult], int] | None = None,
+         on_epoch: Callable[[OptContext, FitResult], None] | None = None) -> FitResult:
     ndata, nepoch, nbatch_logical, idata_split = dataset.ndata, setup.nepoch, setup.nbatch_logical, setup.idata_split
     show, out, callback, epoch_box = setup.show, setup.out, setup.callback, setup.epoch_box
     t_start = time_us()
     opt_ctx = make_opt_ctx(setup)
-    if nbatch_logical < ndata:
-        dataset.shuffle(opt_ctx, -1)  # train and validation data
     result_train, result_val = Result(), Result()
+    fr = FitResult(opt_ctx, result_train, result_val)
+    done = restore(opt_ctx, fr) if restore is not None else 0
+    if not done and nbatch_logical < ndata:
+        dataset.shuffle(opt_ctx, -1)  # train and validation data
     bar = progress_bar_callback(out) if show else None
 
     def cb(*args: Any) -> None:
@@ -249,8 +260,7 @@ def _fit(dataset: Dataset, setup: FitSetup, make_opt_ctx: Callable[[FitSetup], O
             callback(*args)
 
     use_cb = cb if (bar is not None or callback is not None) else None
-    fr = FitResult(opt_ctx, result_train, result_val)
-    for ep in range(1, nepoch + 1):
+    for ep in range(done + 1, nepoch + 1):
         epoch_box["epoch"] = ep
         if nbatch_logical < idata_split:
             dataset.shuffle(opt_ctx, idata_split)
@@ -264,6 +274,8 @@ def _fit(dataset: Dataset, setup: FitSetup, make_opt_ctx: Callable[[FitSetup], O
             out.flush()
         fr.history.append(EpochStats(ep, result_train.loss(), result_train.accuracy(), result_val.loss(),
                                      result_val.accuracy()))
+        if on_epoch is not None:
+            on_epoch(opt_ctx, fr)
     t_total = time_us() - t_start
     fr.seconds = t_total / 1e6
     if show:

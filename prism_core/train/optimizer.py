@@ -32,7 +32,7 @@ from ..context import Context
 from ..errors import InvalidArgument, TypeMismatch
 from ..graph import Graph
 from ..ops import build as B
-from ..plan import Plan, plan
+from ..plan import Plan, Workspace, plan
 from ..plugin.base import Backend
 from ..plugin.registry import REGISTRY
 from ..tensor import Flag, Tensor
@@ -188,7 +188,11 @@ class OptContext:
     step parameters are created in it too (Prism ops need all sources in one context).
     ``get_opt_pars`` is called as ``get_opt_pars(get_opt_pars_ud)`` before every optimizer
     step and must return :class:`OptimizerParams`; an :class:`OptimizerParams` may be
-    given instead of a callback. ``backend`` is a Backend, a name, or None for
+    given instead of a callback. ``keep_grads=False`` lets the planner reuse the memory of
+    gradients that are not accumulators once read (a model's activations' gradients: the
+    optimizer steps consume the parameters' own), so they are not readable after an eval.
+    The graphs' scratch memory is one :class:`~prism_core.plan.Workspace`: they never
+    compute at the same time. ``backend`` is a Backend, a name, or None for
     :func:`prism_core.plugin.base`'s choice ($PRISM_BACKEND, else the best available).
     """
 
@@ -197,7 +201,8 @@ class OptContext:
                  optimizer: OptimizerType | int | str = OptimizerType.ADAMW, opt_period: int = 1, *,
                  get_opt_pars: Callable[[Any], OptimizerParams] | OptimizerParams | None = None,
                  get_opt_pars_ud: Any = None, build_type: BuildType | int | str = BuildType.OPT,
-                 backend: Backend | str | None = None, graph_size: int | None = None) -> None:
+                 backend: Backend | str | None = None, graph_size: int | None = None,
+                 keep_grads: bool = True) -> None:
         if not isinstance(ctx, Context):
             raise InvalidArgument(f"OptContext: ctx must be a Context, got {type(ctx).__name__}")
         for what, t in (("inputs", inputs), ("outputs", outputs)):
@@ -224,7 +229,11 @@ class OptContext:
         self.get_opt_pars = get_opt_pars
         self.get_opt_pars_ud = get_opt_pars_ud
         self.backend = _resolve_backend(backend)
+        if not isinstance(keep_grads, bool):
+            raise InvalidArgument(f"OptContext: keep_grads must be a bool, got {keep_grads!r}")
+        self.keep_grads = keep_grads
         self._plans: dict[int, Plan] = {}  # id(graph) -> its plan, made on first eval
+        self.workspace = Workspace()  # the graphs compute one at a time: their scratch in one buffer
         self.ctx = ctx
         self.inputs = inputs
         self.outputs = outputs
@@ -407,7 +416,8 @@ class OptContext:
             self._fill_opt_step_params()  # raises before anything is computed
         planned = self._plans.get(id(graph))
         if planned is None:  # kernels, fallbacks and memory resolved once per graph
-            planned = self._plans[id(graph)] = plan(graph, self.backend)
+            planned = self._plans[id(graph)] = plan(graph, self.backend, keep_grads=self.keep_grads,
+                                                    workspace=self.workspace)
         planned.compute()
         self.iter += int(is_opt)
         self.opt_i = (self.opt_i + 1) % self.opt_period
