@@ -20,20 +20,27 @@ MODEL_CONTEXT_BYTES = 1 << 40  # a budget, not an allocation: cache, inputs and 
 
 
 def load(model, *, backend=None, n_ctx: int | None = None, cache_type="f16", n_batch: int = 512,
-         flash_attn: bool = True) -> Model:
+         flash_attn: bool = True, lora=()) -> Model:
     """A model from a GGUF file (memory-mapped; weights stay as stored), or from a known name such as
     ``"gemma3-270m"`` (see :mod:`prism_core.models.catalog`). ``backend``: a name, a Backend or None
     (the best available). ``flash_attn`` (default): fused attention (FLASH_ATTN_EXT); False: llama.cpp's
     unfused products (K·q, masked softmax, V·p) with their F16 roundings. On Gemma 3 270M the fused path
     decodes 1.1-1.4x faster, needs a third less scratch memory, and lands as close to llama.cpp's logits
-    (max 1.9 over the recorded top 64, against 2.2 unfused: both are the noise floor of Q8 activations)."""
+    (max 1.9 over the recorded top 64, against 2.2 unfused: both are the noise floor of Q8 activations).
+    ``lora``: (adapter path or :class:`~prism_core.gguf.lora.LoraFile`, scale) pairs applied unmerged
+    (llama.cpp's ``--lora-scaled``; see :mod:`prism_core.models.lora`)."""
     from ..context import Context
     from ..gguf.file import load as load_gguf
+    from .lora import open_adapters
     f = load_gguf(resolve(model), ctx=Context(MODEL_CONTEXT_BYTES))
+    adapters = []
     try:
+        adapters = open_adapters(lora, f.ctx)
         return Model(f.tensors, f.meta, backend=backend, n_ctx=n_ctx, cache_type=cache_type, n_batch=n_batch,
-                     source=f, flash_attn=flash_attn)
+                     source=f, flash_attn=flash_attn, lora=adapters)
     except BaseException:
+        for a, _ in adapters:
+            a.close()
         f.close()
         raise
 

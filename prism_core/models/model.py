@@ -29,6 +29,7 @@ from ..types import F16, I32, I64, GGMLType
 from .arch import arch_for
 from .blocks import Step, Weights, rms_norm
 from .kv_cache import KVCache
+from .lora import products as lora_products
 from .sampling import Sampler
 
 DEFAULT_N_CTX = 2048
@@ -95,14 +96,15 @@ class Model:
 
     def __init__(self, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], *, backend: Backend | str | None = None,
                  n_ctx: int | None = None, cache_type: GGMLType | str = F16, n_batch: int = 512, tokenizer: Any = None,
-                 source: Any = None, flash_attn: bool = True) -> None:
+                 source: Any = None, flash_attn: bool = True, lora: Sequence[tuple[Any, float]] = ()) -> None:
         self.arch = arch_for(meta)
         self.meta = meta
         embd = tensors.get("token_embd.weight")
         if embd is None:
             raise InvalidArgument(f"{self.arch.name} model: tensor 'token_embd.weight' is missing from the file")
         self.hparams = hp = self.arch.hparams(meta, embd.ne[1])
-        self.weights = w = Weights(tensors, self.arch.name)
+        self.lora = list(lora)  # (LoraFile, scale): applied unmerged, see set_lora
+        self.weights = w = Weights(tensors, self.arch.name, lora_products(self.lora, tensors, self.arch.name))
         w.get("token_embd.weight", (hp.n_embd, hp.n_vocab))
         self.output_norm = w.get("output_norm.weight", (hp.n_embd,))
         self.head = w.get("output.weight", (hp.n_embd, hp.n_vocab), required=False) or embd  # tied when absent
@@ -130,6 +132,16 @@ class Model:
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
         self.timings = Timings()
         self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
+
+    def set_lora(self, lora: Sequence[tuple[Any, float]]) -> None:
+        """Apply these (LoraFile, scale) adapters instead of the current ones (an empty list: none); the
+        weights are untouched, the graphs are built again on their next use."""
+        adapters = lora_products(list(lora), self.weights.tensors, self.arch.name)  # refuses before any change
+        for g in self._graphs.values():
+            g.plan.release()
+            self.ctx.discard(g.tensors)
+        self._graphs.clear()
+        self.lora, self.weights.adapters = list(lora), {k: tuple(v) for k, v in adapters.items()}
 
     # ------------------------------------------------------------ graphs
     def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
