@@ -13,7 +13,8 @@ import sys
 from .. import __version__
 from ..errors import PrismError
 
-COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize")
+COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize", "finetune",
+            "export_lora")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import sys
 import time
 
 from ..settings import ENV_THREADS, MAX_THREADS
+from .lora_args import add_lora_args, lora_list
 
 
 def add_parser(sub) -> None:
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
     r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"))
     r.add_argument("--no-flash-attn", action="store_true",
                    help="attend as llama.cpp's default graph (K·q, softmax, V·p) instead of the fused FLASH_ATTN_EXT")
+    add_lora_args(r)
     r.add_argument("-sp", "--special", action="store_true",
                    help="print control tokens' text (<bos>, <unused0>, ...), as llama.cpp's --special")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -70,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with ProgressBars(sys.stderr, enabled=args.progress) as bars:
             t0 = time.perf_counter()
             model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
-                         flash_attn=not args.no_flash_attn)
+                         flash_attn=not args.no_flash_attn, lora=lora_list(args))
             load_s = time.perf_counter() - t0
             prompt_ids = model.encode(args.prompt)
             ids, pieces, first = [], [], None

@@ -1,0 +1,30 @@
+"""``prism export-lora MODEL --lora ADAPTER -o MERGED.gguf``: merge LoRA adapters into a model file (llama.cpp's
+export-lora), each merged matrix requantized to its original type."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .lora_args import add_lora_args, lora_list
+
+
+def add_parser(sub) -> None:
+    e = sub.add_parser("export-lora", help="merge LoRA adapters into a model, keeping each matrix's type")
+    e.add_argument("model", help="a GGUF file, or a known model name: gemma3-270m")
+    add_lora_args(e)
+    e.add_argument("-o", "--output", required=True, help="the merged model to write")
+    e.set_defaults(func=cmd_export_lora)
+
+
+def cmd_export_lora(args: argparse.Namespace) -> int:
+    from ..errors import PrismError
+    from ..finetune.export import merge
+    from .models import model_path
+    try:
+        merged = merge(model_path(args.model), lora_list(args), args.output)
+    except PrismError as e:
+        print(f"prism export-lora: {e}", file=sys.stderr)
+        return 1
+    print(f"prism export-lora: wrote {args.output}: {len(merged)} matrices merged", file=sys.stderr)
+    return 0
