@@ -334,15 +334,49 @@ static int q_dequant_tensor(const csimd_tensor *a, int qt, csimd_tensor *t, int 
     return 0;
 }
 
-/* OUT_PROD with a quantized a: a dequantized once, then the F32 kernel */
+/* OUT_PROD with a quantized a: a dequantized, then the F32 kernel. A large matrix (the gradient through a
+   vocabulary-sized output head: 262144 rows) is dequantized Q_OUT_PROD_CHUNK values at a time, the rows of
+   one chunk summed over in one product and the chunks' products added up in d, so no F32 copy of the
+   whole matrix is ever held */
+#define Q_OUT_PROD_CHUNK ((int64_t)1 << 22)
 int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     const int qt = q_type_of(a);
     if (qt < 0 || !q_view_ok(a, qt)) return -1;
+    const int64_t n0 = a->ne[0], rows = a->ne[1], step = Q_OUT_PROD_CHUNK / n0 > 0 ? Q_OUT_PROD_CHUNK / n0 : 1;
+    const int64_t nd = d->ne[0] * d->ne[1] * d->ne[2] * d->ne[3];
+    const int flat = a->ne[2] == 1 && a->ne[3] == 1 && b->ne[2] == 1 && b->ne[3] == 1 && d->nb[0] == 4 &&
+                     d->nb[1] == 4 * d->ne[0];
     csimd_tensor t;
-    int rc = q_dequant_tensor(a, qt, &t, nth);
-    if (rc) return rc;
-    rc = csimd_out_prod(&t, b, d, nth);
-    free(t.data);
+    int rc;
+    if (!flat || rows <= step) {
+        rc = q_dequant_tensor(a, qt, &t, nth);
+        if (rc) return rc;
+        rc = csimd_out_prod(&t, b, d, nth);
+        free(t.data);
+        return rc;
+    }
+    float *part = (float *)csimd_alloc((size_t)nd * 4 + 64), *out = (float *)d->data;
+    if (!part) return -2;
+    nth = clamp_threads(nth);
+    for (int64_t t0 = 0; t0 < rows; t0 += step) {
+        csimd_tensor ac = *a, bc = *b, dc = *d;
+        ac.ne[1] = bc.ne[1] = rows - t0 < step ? rows - t0 : step;
+        ac.data = a->data + t0 * a->nb[1];
+        bc.data = b->data + t0 * b->nb[1];
+        if (t0) dc.data = (char *)part;
+        rc = q_dequant_tensor(&ac, qt, &t, nth);
+        if (!rc) {
+            rc = csimd_out_prod(&t, &bc, &dc, nth);
+            free(t.data);
+        }
+        if (rc) break;
+        if (t0) {
+            (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nd > 65536)
+            for (int64_t i = 0; i < nd; i++) out[i] += part[i];
+        }
+    }
+    free(part);
     return rc;
 }
 
