@@ -265,9 +265,20 @@ int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_t
 }
 
 /* g: the upstream gradient (one F32 value) of the backward form; NULL for the loss itself */
+/* b: F32 label rows of a's shape, or I32 class indices [a.ne1, a.ne2, a.ne3] (an index outside [0, a.ne0): -3) */
 int csimd_cross_entropy(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, const csimd_tensor *g,
                         int back, int nth) {
-    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || !same_ne(a, b) || (back ? !same_ne(a, d) : nelem(d) < 1)) return -1;
+    const int ids = b->type == CSIMD_I32;
+    if (ids && (b->ne[0] != a->ne[1] || b->ne[1] != a->ne[2] || b->ne[2] != a->ne[3] || b->ne[3] != 1)) return -1;
+    if (!nonneg(a) || !nonneg(b) || !nonneg(d) || (!ids && !same_ne(a, b)) || (back ? !same_ne(a, d) : nelem(d) < 1))
+        return -1;
+    if (ids)
+        for (int64_t i3 = 0; i3 < b->ne[2]; i3++)
+            for (int64_t i2 = 0; i2 < b->ne[1]; i2++)
+                for (int64_t i1 = 0; i1 < b->ne[0]; i1++) {
+                    const int64_t k = load_index(ELT(b, i1, i2, i3, 0), b->type);
+                    if (k < 0 || k >= a->ne[0]) return -3;
+                }
     if (back && (!g || !nonneg(g) || g->type != CSIMD_F32 || nelem(g) < 1)) return -1;
     float gv = 1.0f;
     if (back) memcpy(&gv, g->data, 4);

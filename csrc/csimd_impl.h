@@ -543,6 +543,22 @@ ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_
     return l;
 }
 
+/* the row's loss term (or, back, its gradient) for one class index k: a one-hot label row's sparse form */
+ATTR static double FN(ce_row_id)(const float *x, int64_t k, float *out, int64_t n, int back, float gscale) {
+    const float mx = FN(row_max)(x, n);
+    VF acc = (VF){0};
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) acc += FN(vexp_neg)(*(const VFU *)(x + i) - mx);
+    double s = FN(hsum)(acc);
+    for (; i < n; i++) s += exp((double)x[i] - mx);
+    const float sh = (float)((double)mx + log(s));
+    if (!back) return (double)x[k] - sh;
+    for (i = 0; i + VL <= n; i += VL) *(VFU *)(out + i) = FN(vexp_neg)(*(const VFU *)(x + i) - sh) * gscale;
+    for (; i < n; i++) out[i] = (float)(exp((double)x[i] - sh) * gscale);
+    out[k] = (float)((exp((double)x[k] - sh) - 1.0) * gscale);
+    return 0;
+}
+
 ATTR static void FN(cross_entropy)(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, float g,
                                    int back, int nth) {
     const int64_t n0 = a->ne[0], nr = nrows_of(a), nblk = (nr + SUM_ROWS - 1) / SUM_ROWS;
@@ -562,8 +578,12 @@ ATTR static void FN(cross_entropy)(const csimd_tensor *a, const csimd_tensor *b,
                 int64_t i1, i2, i3;
                 unravel_row(a, ir, &i1, &i2, &i3);
                 FN(row_to_f32)(x, ELT(a, 0, i1, i2, i3), CSIMD_F32, a->nb[0], n0);
-                FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
-                s += FN(ce_row)(x, y, o, n0, back, (float)gscale);
+                if (b->type == CSIMD_I32) { /* one class index per row, checked by csimd_cross_entropy */
+                    s += FN(ce_row_id)(x, load_index(ELT(b, i1, i2, i3, 0), b->type), o, n0, back, (float)gscale);
+                } else {
+                    FN(row_to_f32)(y, ELT(b, 0, i1, i2, i3), CSIMD_F32, b->nb[0], n0);
+                    s += FN(ce_row)(x, y, o, n0, back, (float)gscale);
+                }
                 if (back) FN(row_from_f32)(ELT(d, 0, i1, i2, i3), CSIMD_F32, d->nb[0], o, n0);
             }
             if (part) part[ib] = s;

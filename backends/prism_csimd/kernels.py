@@ -53,10 +53,10 @@ class _Recorder:
 
 
 _recording = threading.local()  # conformance runs kernels in worker threads: one recorder per thread
-# Kernels that read index values in Python (to name a bad one) whose C entry points also check every
-# index before writing anything: prepared all the same (a model's KV cache writes and embedding
-# lookup cost 40-500 us of Python per call otherwise), the general path running only when C refuses.
-RECHECKED = frozenset({"SET_ROWS", "GET_ROWS"})
+# Kernels whose C entry points check every index before writing anything (and whose Python wrappers
+# name a bad one): prepared all the same (a model's KV cache writes and embedding lookup cost 40-500 us
+# of Python per call otherwise), the general path running only when C refuses, to say what was wrong.
+RECHECKED = frozenset({"SET_ROWS", "GET_ROWS", "CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK"})
 
 
 def prepare(n: Tensor) -> Callable[[], None] | None:
@@ -276,20 +276,29 @@ def _norm(n: Tensor) -> None:
                              _nth(2 * n.nelements)), n.opdef.key)
 
 
-@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS")
+def _check_labels(rc: int, what: str, a: Tensor) -> None:
+    if rc == -3:
+        raise InvalidArgument(f"{what}: a class index of b is outside [0, {a.ne[0]})")
+    _check(rc, what)
+
+
+LABELS = ONLY_F32 | frozenset({I32})  # label rows, or one class index per row
+
+
+@kernel((ONLY_F32, LABELS), ONLY_F32, "CROSS_ENTROPY_LOSS")
 def _cross_entropy_loss(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
-    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), _state["ffi"].NULL, 0,
-                                      _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS")
+    _check_labels(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), _state["ffi"].NULL, 0,
+                                             _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS", a)
 
 
-@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
+@kernel((ONLY_F32, ONLY_F32, LABELS), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK")
 def _cross_entropy_loss_back(n: Tensor) -> None:
     keep: list = []
     g, a, b = n.src  # g's value is read by the C kernel at call time
-    _check(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), desc(g, keep), 1,
-                                      _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS_BACK")
+    _check_labels(_lib().csimd_cross_entropy(desc(a, keep), desc(b, keep), desc(n, keep), desc(g, keep), 1,
+                                             _nth(8 * a.nelements)), "CROSS_ENTROPY_LOSS_BACK", a)
 
 
 # ------------------------------------------------------------------ optimizer steps

@@ -576,6 +576,40 @@ def cross_entropy(a, b, o, g, mode):
 
 
 @njit(parallel=True, **_OPTS)
+def cross_entropy_ids(a, ids, o, g, mode):
+    """cross_entropy with one class index per row (ids[i3, i2, i1]); the indices are checked by the caller."""
+    n3, n2, n1, n0 = a.shape
+    nr = n3 * n2 * n1
+    part = np.zeros(nr, np.float64)
+    for r in prange(nr):
+        i1 = r % n1
+        t = r // n1
+        i2 = t % n2
+        i3 = t // n2
+        mx = -np.inf
+        for i0 in range(n0):
+            v = np.float64(a[i3, i2, i1, i0])
+            if v > mx:
+                mx = v
+        se = 0.0
+        for i0 in range(n0):
+            se += np.exp(np.float64(a[i3, i2, i1, i0]) - mx)
+        lse = np.log(se)
+        k = ids[i3, i2, i1]
+        if mode == 0:
+            part[r] = np.float64(a[i3, i2, i1, k]) - mx - lse
+        else:
+            for i0 in range(n0):
+                p = np.exp(np.float64(a[i3, i2, i1, i0]) - mx - lse)
+                o[i3, i2, i1, i0] = (p - (1.0 if i0 == k else 0.0)) * g / nr
+    if mode == 0:
+        total = 0.0
+        for r in range(nr):
+            total += part[r]
+        o[0, 0, 0, 0] = -total / nr
+
+
+@njit(parallel=True, **_OPTS)
 def group_norm(x, o, n_groups, eps):
     """(x - mean) / sqrt(var + eps) over groups of ceil(ne2 / n_groups) channels (dim 2), per i3."""
     n3, nc, n1, n0 = x.shape
@@ -845,6 +879,7 @@ C_LAYOUT = frozenset({"adamw"})
 KERNELS = {name: Kernel(f, c_layout=name in C_LAYOUT) for name, f in (
     ("unary", unary), ("binary", binary), ("adamw", adamw), ("cpy", cpy), ("get_rows", get_rows),
     ("rows", rows), ("soft_max", soft_max), ("cross_entropy", cross_entropy),
+    ("cross_entropy_ids", cross_entropy_ids),
     ("repeat_back", repeat_back), ("get_rows_back", get_rows_back),
     ("reduce_all", reduce_all), ("argmax", argmax), ("group_norm", group_norm), ("glu", glu),
     ("concat", concat), ("index_map", index_map), ("argsort", argsort), ("generate", generate))}

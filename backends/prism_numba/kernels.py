@@ -369,16 +369,30 @@ def _soft_max(n: Tensor) -> None:
          int(mask is not None), int(sinks is not None))
 
 
-@kernel((ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS")
+def _class_ids(a: Tensor, b: Tensor, what: str) -> np.ndarray:
+    """An I32 b's class indices, [ne3, ne2, ne1] of a, each checked to lie in [0, a.ne0)."""
+    ids = b.host().reshape(a.ne[3], a.ne[2], a.ne[1])
+    if ids.size and (ids.min() < 0 or ids.max() >= a.ne[0]):
+        bad = ids.reshape(-1)[(ids.reshape(-1) < 0) | (ids.reshape(-1) >= a.ne[0])][0]
+        raise InvalidArgument(f"{what}: class index {int(bad)} is outside [0, {a.ne[0]})")
+    return ids
+
+
+@kernel((ONLY_F32, ONLY_F32 | INDICES), ONLY_F32, "CROSS_ENTROPY_LOSS", reads_values=True)
 def _cross_entropy_loss(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
+    if b.type == I32:
+        return _run("cross_entropy_ids", arr(a), _class_ids(a, b, "CROSS_ENTROPY_LOSS"), arr(n), 1.0, 0)
     _run("cross_entropy", arr(a), arr(b), arr(n), 1.0, 0)
 
 
-@kernel((ONLY_F32, ONLY_F32, ONLY_F32), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK", reads_values=True)
+@kernel((ONLY_F32, ONLY_F32, ONLY_F32 | INDICES), ONLY_F32, "CROSS_ENTROPY_LOSS_BACK", reads_values=True)
 def _cross_entropy_loss_back(n: Tensor) -> None:
     g, a, b = n.src[0], n.src[1], n.src[2]
-    _run("cross_entropy", arr(a), arr(b), arr(n), float(g.host().reshape(-1)[0]), 1)
+    gv = float(g.host().reshape(-1)[0])
+    if b.type == I32:
+        return _run("cross_entropy_ids", arr(a), _class_ids(a, b, "CROSS_ENTROPY_LOSS_BACK"), arr(n), gv, 1)
+    _run("cross_entropy", arr(a), arr(b), arr(n), gv, 1)
 
 
 # ------------------------------------------------------------------ matrices and indexing

@@ -16,7 +16,7 @@ from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
 from prism_core.ops.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
 from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding
-from prism_core.types import BF16, F16, F32, F64, from_f32, to_f32
+from prism_core.types import BF16, F16, F32, F64, I32, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
 
@@ -430,16 +430,37 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def _class_ids(a: Tensor, b: Tensor, what: str) -> np.ndarray:
+    """An I32 b's class index per row of a (rows in a's order), each checked to lie in [0, a.ne0)."""
+    ids = val(b).reshape(-1).astype(np.int64)
+    bad = (ids < 0) | (ids >= a.ne[0])
+    if bad.any():
+        raise InvalidArgument(f"{what}: class index {int(ids[bad][0])} of row {int(np.argmax(bad))} is outside "
+                              f"[0, {a.ne[0]})")
+    return ids
+
+
 @kernel("CROSS_ENTROPY_LOSS")
 def _cross_entropy_loss(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
-    store(n, -(val(b) * _log_softmax(val(a))).sum() / a.nrows)
+    ls = _log_softmax(val(a))
+    if b.type == I32:
+        rows = ls.reshape(-1, a.ne[0])
+        store(n, -rows[np.arange(len(rows)), _class_ids(a, b, "CROSS_ENTROPY_LOSS")].sum() / a.nrows)
+        return
+    store(n, -(val(b) * ls).sum() / a.nrows)
 
 
 @kernel("CROSS_ENTROPY_LOSS_BACK")
 def _cross_entropy_loss_back(n: Tensor) -> None:
-    g, a, b = val(n.src[0]).reshape(-1)[0], val(n.src[1]), val(n.src[2])
-    store(n, (np.exp(_log_softmax(a)) - b) * g / n.src[1].nrows)
+    g, a, b = val(n.src[0]).reshape(-1)[0], val(n.src[1]), n.src[2]
+    p = np.exp(_log_softmax(a))
+    if b.type == I32:
+        rows = p.reshape(-1, a.shape[-1])
+        rows[np.arange(len(rows)), _class_ids(n.src[1], b, "CROSS_ENTROPY_LOSS_BACK")] -= 1.0
+        store(n, p * g / n.src[1].nrows)
+        return
+    store(n, (p - val(b)) * g / n.src[1].nrows)
 
 
 # ---------------------------------------------------------------- optimizer steps

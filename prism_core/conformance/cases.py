@@ -412,6 +412,8 @@ def cross_entropy_cases(d: OpDef) -> Iterator[Case]:
     for ne in [(10, 5, 4, 3), (3000, 2, 1, 1)]:
         yield Case(d.key, f"ne={dims(ne)}", lambda c, r, ne=ne: Built(B.cross_entropy_loss(
             leaf(c, r, F32, ne, -3, 3), leaf(c, r, F32, ne, 0, 1))))
+        yield Case(d.key, f"ne={dims(ne)},class indices", lambda c, r, ne=ne: Built(B.cross_entropy_loss(
+            leaf(c, r, F32, ne, -3, 3), leaf(c, r, I32, ne[1:], 0, ne[0]))))
 
 
 @family("CROSS_ENTROPY_LOSS_BACK")
@@ -419,6 +421,8 @@ def cross_entropy_back_cases(d: OpDef) -> Iterator[Case]:
     for ne in [(10, 5, 4, 3), (3000, 2, 1, 1)]:
         yield Case(d.key, f"ne={dims(ne)}", lambda c, r, ne=ne: Built(B.cross_entropy_loss_back(
             leaf(c, r, F32, (1,), 0.5, 2), leaf(c, r, F32, ne, -3, 3), leaf(c, r, F32, ne, 0, 1))))
+        yield Case(d.key, f"ne={dims(ne)},class indices", lambda c, r, ne=ne: Built(B.cross_entropy_loss_back(
+            leaf(c, r, F32, (1,), 0.5, 2), leaf(c, r, F32, ne, -3, 3), leaf(c, r, I32, ne[1:], 0, ne[0]))))
 
 
 @family("CONCAT")

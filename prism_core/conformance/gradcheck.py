@@ -254,6 +254,11 @@ def cross_entropy_grad(d):
         return B.cross_entropy_loss(a, c.from_numpy(labels.astype(np.float32))), [a]
     yield GradCase(d.key, "logits [5,3], label distributions", build)
 
+    def build_ids(c, r):
+        a = param(c, r, (5, 3), -2, 2)
+        return B.cross_entropy_loss(a, c.from_numpy(r.integers(0, 5, 3).astype(np.int32))), [a]
+    yield GradCase(d.key, "logits [5,3], class indices", build_ids)
+
 
 @grad_family("SWIGLU")
 def swiglu_grad(d):

@@ -25,16 +25,21 @@ DEFAULT_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output")
 
 
 def parse_targets(targets: str | Sequence[str]) -> tuple[str, ...]:
-    """``"attn_q,attn_v"`` or a sequence of names -> the checked tuple, in the given order, without repeats."""
+    """``"attn_q,attn_v"`` or a sequence of names -> a tuple, in the given order, without repeats. Names are
+    a layer's matrix names as GGUF spells them (``blk.N.NAME.weight``); :func:`new_lora` checks that the
+    model has them."""
     names = [t.strip() for t in targets.split(",")] if isinstance(targets, str) else list(targets)
-    if not names or any(not isinstance(t, str) or not t for t in names):
-        raise InvalidArgument(f"lora targets must be a non-empty list of matrix names from {', '.join(TARGETS)}, "
-                              f"got {targets!r}")
-    bad = [t for t in names if t not in TARGETS]
-    if bad:
-        raise InvalidArgument(f"lora target {bad[0]!r} is not a matrix LoRA can adapt; the targets are "
-                              f"{', '.join(TARGETS)}")
+    if not names or any(not isinstance(t, str) or not t or "." in t or t != t.strip() for t in names):
+        raise InvalidArgument(f"lora targets must be a non-empty list of a layer's matrix names (such as "
+                              f"{', '.join(TARGETS)}), got {targets!r}")
     return tuple(dict.fromkeys(names))
+
+
+def layer_matrices(model: Model, il: int = 0) -> list[str]:
+    """The names of layer ``il``'s matrices (the 2-d weights LoRA can adapt), as targets."""
+    prefix = f"blk.{il}."
+    return [n[len(prefix):-len(".weight")] for n, t in model.weights.tensors.items()
+            if n.startswith(prefix) and n.endswith(".weight") and t.n_dims == 2]
 
 
 @dataclass
@@ -74,8 +79,9 @@ def new_lora(model: Model, targets: Sequence[str], rank: int, alpha: float, seed
         for t in targets:
             name = f"blk.{il}.{t}.weight"
             w = tensors.get(name)
-            if w is None:
-                raise InvalidArgument(f"lora target {t!r}: the model has no tensor {name!r}")
+            if w is None or w.n_dims != 2:
+                raise InvalidArgument(f"lora target {t!r}: this {hp.arch} model has no matrix {name!r}; its "
+                                      f"layers' matrices are {', '.join(layer_matrices(model, il))}")
             if rank > min(w.ne[0], w.ne[1]):
                 raise InvalidArgument(f"lora rank {rank} exceeds the size of {name} (ne={list(w.ne[:2])}): a rank "
                                       f"must be at most {min(w.ne[0], w.ne[1])}")

@@ -97,9 +97,11 @@ class FinetuneConfig:
                                sgd=SGDParams(alpha=self.lr, wd=self.weight_decay))
 
     def settings(self) -> dict[str, Any]:
-        """What a checkpoint must agree on to be resumed (everything but the number of epochs)."""
+        """What a checkpoint must agree on to be resumed: everything but the number of epochs and the
+        learning rate (a resume with the same ones continues bit for bit)."""
         d = asdict(self)
         d.pop("epochs")
+        d.pop("lr")
         d["targets"] = list(self.targets)
         if self.full:
             for k in ("rank", "alpha", "targets"):
@@ -120,6 +122,7 @@ class FinetuneResult:
     n_train_windows: int = 0
     seconds: float = 0.0
     resumed_from: int = 0  # epochs a checkpoint had already done
+    dataset: TokenWindows | None = None  # its permutation's tail from n_train_windows on is the validation split
 
     @property
     def val_perplexity(self) -> float:
@@ -209,7 +212,7 @@ def _run(model: Model, cfg: FinetuneConfig, data: TokenWindows, settings: dict, 
     def make_opt_ctx(s: FitSetup) -> OptContext:
         oc = OptContext(model.ctx, fw.tokens, fw.logits, s.loss_type, cfg.optimizer, s.opt_period,
                         get_opt_pars=s.pars_cb, get_opt_pars_ud=s.epoch_box, backend=model.backend,
-                        keep_grads=False)  # the activations' gradients share memory once read
+                        keep_grads=False, sparse_labels=True)  # activations' gradients share memory once read
         if cfg.seed != DEFAULT_SEED:
             oc.rng.seed(cfg.seed)
         return oc
@@ -245,7 +248,7 @@ def _run(model: Model, cfg: FinetuneConfig, data: TokenWindows, settings: dict, 
     fr = run_fit(model.ctx, fw.tokens, fw.logits, data, setup, make_opt_ctx, epoch, restore=restore,
                  on_epoch=on_epoch)
     return FinetuneResult(cfg, fr.history, lora, full, data.ndata, setup.idata_split, fr.seconds,
-                          saved.epochs_done if saved is not None else 0)
+                          saved.epochs_done if saved is not None else 0, data)
 
 
 def epoch_line(s: EpochStats, n_epochs: int) -> str:

@@ -6,8 +6,9 @@ token on (the next token at every position). There are ``(n_tokens - n_ctx - 1) 
 llama.cpp's count (it leaves the last window out when the text ends exactly on it), one window per shard,
 so ggml-opt's shuffles permute windows.
 
-The labels are stored as token ids; a batch's labels tensor (the optimizer context's, F32
-[n_vocab, n_ctx * windows]) is filled with their one-hot rows, as llama.cpp's opt_epoch_iter does.
+The labels are stored as token ids; a batch's labels tensor is filled with them (an optimizer context with
+sparse labels) or with their one-hot rows (ggml-opt's F32 [n_vocab, n_ctx * windows] labels, as llama.cpp's
+opt_epoch_iter fills them).
 """
 
 from __future__ import annotations
@@ -82,9 +83,10 @@ class TokenWindows(Dataset):
 
     def get_batch(self, data_batch: Tensor, labels_batch: Tensor | None, ibatch: int) -> None:
         """Batch ``ibatch``'s windows (in permutation order) into ``data_batch`` (I32 [n_ctx, windows]) and
-        their next tokens, one-hot, into ``labels_batch`` (F32 [n_vocab, n_ctx * windows])."""
-        if labels_batch is None:
-            return super().get_batch(data_batch, None, ibatch)  # refuses: this dataset has labels
+        their next tokens into ``labels_batch``: as ids (I32 [n_ctx * windows], an optimizer context with
+        sparse labels) or one-hot (F32 [n_vocab, n_ctx * windows], ggml-opt's labels)."""
+        if labels_batch is None or labels_batch.type == I32:
+            return super().get_batch(data_batch, labels_batch, ibatch)  # a raw copy, as ggml's
         if not isinstance(labels_batch, Tensor) or labels_batch.type != F32 or not labels_batch.is_contiguous():
             raise TypeMismatch("TokenWindows.get_batch: labels_batch must be a contiguous F32 tensor [n_vocab, "
                                f"tokens], got {getattr(labels_batch, 'label', type(labels_batch).__name__)}")

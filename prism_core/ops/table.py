@@ -450,15 +450,26 @@ def _clamp_rule(d, s, p):
     return Out(s["a"].type, s["a"].ne)
 
 
+def _labels_rule(d, s) -> None:
+    """b: label distributions of a's shape (F32), or one class index per row of a (I32 [a.ne1, a.ne2, a.ne3])."""
+    a, b = s["a"], s["b"]
+    if b.type != I32:
+        _same_shape(d, s, "a", "b")
+        return
+    want = (a.ne[1], a.ne[2], a.ne[3], 1)
+    if b.ne != want:
+        _fail(d, f"an I32 b holds one class index per row of a: ne must be {list(want)}, got {list(b.ne)}")
+
+
 def _loss_rule(d, s, p):
-    _same_shape(d, s, "a", "b")
+    _labels_rule(d, s)
     if s["a"].nelements == 0:  # no class to distribute over, or no row to average over
         _fail(d, f"a has no elements (ne={list(s['a'].ne)}): the loss needs rows of at least one class")
     return Out(F32, (1, 1, 1, 1))
 
 
 def _loss_back_rule(d, s, p):
-    _same_shape(d, s, "a", "b")
+    _labels_rule(d, s)
     if s["grad"].nelements != 1:
         _fail(d, f"grad must be a scalar, has ne={list(s['grad'].ne)}")
     return Out(F32, s["a"].ne)
@@ -1128,20 +1139,27 @@ for _u in UnaryOp:
          + ("; defaults alpha_n = alpha_p = 0.8, beta = 0.5, eps = -1e-6; softplus(y) = ln(1 + e^y)"
             if _u == UnaryOp.XIELU else ""))
 
-define("CROSS_ENTROPY_LOSS", Op.CROSS_ENTROPY_LOSS, (Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_rule,
-       "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions",
+LABELS = ONLY_F32 | frozenset({I32})
+SPARSE_LABELS = ("; or b I32 [a.ne1, a.ne2, a.ne3], one class index per row, the one-hot rows' sparse form (a "
+                 "Prism extension: a language model's labels without an F32 [n_vocab, n_tokens] tensor; an index "
+                 "outside [0, a.ne0) is refused when computed)")
+define("CROSS_ENTROPY_LOSS", Op.CROSS_ENTROPY_LOSS, (Src("a", ONLY_F32), Src("b", LABELS)), _loss_rule,
+       "-(1/nrows) sum_rows sum_i b_i log_softmax(a)_i; b holds label distributions, or class indices (I32)",
        grad={"a": lambda B, n, g: B.cross_entropy_loss_back(g, n.src[0], n.src[1])},
        nograd="the gradient of the labels is not implemented (as in ggml)")
-spec("CROSS_ENTROPY_LOSS", "F32 [1, 1, 1, 1]; a (logits) and b (label distributions) of one shape",
+spec("CROSS_ENTROPY_LOSS", "F32 [1, 1, 1, 1]; a (logits) and b (label distributions) of one shape" + SPARSE_LABELS,
      "log_softmax via the row max; b = 0 where a is -inf contributes 0 in ggml's form only if finite: not tested",
      ex((0.40760596,), a=f32((3,), 1, 2, 3), b=f32((3,), 0, 0, 1)),
-     "loss = -(1 / nrows) * sum_rows sum_i b[i] * (a[i] - max - ln(sum_j exp(a[j] - max)))")
+     "loss = -(1 / nrows) * sum_rows sum_i b[i] * (a[i] - max - ln(sum_j exp(a[j] - max))); with class indices "
+     "k = b[row]: -(1 / nrows) * sum_rows (a[k] - max - ln(sum_j exp(a[j] - max)))")
 define("CROSS_ENTROPY_LOSS_BACK", Op.CROSS_ENTROPY_LOSS_BACK,
-       (Src("grad", ONLY_F32), Src("a", ONLY_F32), Src("b", ONLY_F32)), _loss_back_rule,
-       "(softmax(a) - b) * grad / nrows")
-spec("CROSS_ENTROPY_LOSS_BACK", "F32 of a's shape; grad a one-element tensor", IEEE_SPECIAL,
+       (Src("grad", ONLY_F32), Src("a", ONLY_F32), Src("b", LABELS)), _loss_back_rule,
+       "(softmax(a) - b) * grad / nrows (I32 b: its one-hot rows)")
+spec("CROSS_ENTROPY_LOSS_BACK", "F32 of a's shape; grad a one-element tensor; b as CROSS_ENTROPY_LOSS's",
+     IEEE_SPECIAL,
      ex((0.090030573, 0.24472847, -0.33475904), grad=f32((1,), 1.0), a=f32((3,), 1, 2, 3), b=f32((3,), 0, 0, 1)),
-     "out = (softmax(a) - b) * grad[0] / nrows, softmax per row")
+     "out = (softmax(a) - b) * grad[0] / nrows, softmax per row; class indices k = b[row]: b's row is 1 at k, "
+     "0 elsewhere")
 define("OPT_STEP_ADAMW", Op.OPT_STEP_ADAMW,
        tuple(Src(n, ONLY_F32) for n in ("a", "grad", "m", "v", "params")), _opt_step_rule(7, ("m", "v")),
        "AdamW step on a in place; params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]")

@@ -188,7 +188,10 @@ class OptContext:
     step parameters are created in it too (Prism ops need all sources in one context).
     ``get_opt_pars`` is called as ``get_opt_pars(get_opt_pars_ud)`` before every optimizer
     step and must return :class:`OptimizerParams`; an :class:`OptimizerParams` may be
-    given instead of a callback. ``keep_grads=False`` lets the planner reuse the memory of
+    given instead of a callback. ``sparse_labels`` (CROSS_ENTROPY only; a Prism extension of
+    ggml-opt): the labels are one I32 class index per datapoint instead of F32 rows of the
+    outputs' shape, as a language model's next tokens (no F32 [n_vocab, n_tokens] labels
+    tensor, no argmax over it for the accuracy). ``keep_grads=False`` lets the planner reuse the memory of
     gradients that are not accumulators once read (a model's activations' gradients: the
     optimizer steps consume the parameters' own), so they are not readable after an eval.
     The graphs' scratch memory is one :class:`~prism_core.plan.Workspace`: they never
@@ -202,7 +205,7 @@ class OptContext:
                  get_opt_pars: Callable[[Any], OptimizerParams] | OptimizerParams | None = None,
                  get_opt_pars_ud: Any = None, build_type: BuildType | int | str = BuildType.OPT,
                  backend: Backend | str | None = None, graph_size: int | None = None,
-                 keep_grads: bool = True) -> None:
+                 keep_grads: bool = True, sparse_labels: bool = False) -> None:
         if not isinstance(ctx, Context):
             raise InvalidArgument(f"OptContext: ctx must be a Context, got {type(ctx).__name__}")
         for what, t in (("inputs", inputs), ("outputs", outputs)):
@@ -232,6 +235,12 @@ class OptContext:
         if not isinstance(keep_grads, bool):
             raise InvalidArgument(f"OptContext: keep_grads must be a bool, got {keep_grads!r}")
         self.keep_grads = keep_grads
+        if not isinstance(sparse_labels, bool):
+            raise InvalidArgument(f"OptContext: sparse_labels must be a bool, got {sparse_labels!r}")
+        if sparse_labels and self.loss_type != LossType.CROSS_ENTROPY:
+            raise InvalidArgument(f"OptContext: sparse_labels are class indices for the CROSS_ENTROPY loss, not "
+                                  f"{self.loss_type.name}")
+        self.sparse_labels = sparse_labels
         self._plans: dict[int, Plan] = {}  # id(graph) -> its plan, made on first eval
         self.workspace = Workspace()  # the graphs compute one at a time: their scratch in one buffer
         self.ctx = ctx
@@ -280,7 +289,8 @@ class OptContext:
         elif lt == LossType.SUM:
             loss = B.sum(out).set_name("loss_sum")
         elif lt == LossType.CROSS_ENTROPY:
-            self.labels = self.ctx.new_tensor(out.type, out.ne, "labels").set_input()
+            self.labels = (self.ctx.new_tensor(I32, out.ne[1:], "labels") if self.sparse_labels
+                           else self.ctx.new_tensor(out.type, out.ne, "labels")).set_input()
             loss = B.cross_entropy_loss(out, self.labels).set_name("loss_cross_entropy")
             if period > 1:
                 loss = B.scale(loss, float(np.float32(1.0) / np.float32(period))).set_name("loss_cross_entropy_scaled")
@@ -300,7 +310,8 @@ class OptContext:
                                       f"got ne={list(out.ne)}")
             self.pred = B.argmax(out).set_name("pred").set_output()
             gf.expand(self.pred)
-            self.ncorrect = B.count_equal(self.pred, B.argmax(self.labels)).set_name("ncorrect").set_output()
+            truth = self.labels if self.sparse_labels else B.argmax(self.labels)
+            self.ncorrect = B.count_equal(self.pred, truth).set_name("ncorrect").set_output()
             gf.expand(self.ncorrect)
 
     def _build(self) -> None:
