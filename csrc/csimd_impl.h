@@ -522,14 +522,21 @@ ATTR static void FN(get_rows)(const csimd_tensor *a, const csimd_tensor *idx, co
 
 /* ------------------------------------------------------------ cross entropy */
 /* one row of the loss (returns sum y log softmax(x)) or of its gradient (out = (softmax(x) - y) gscale) */
-ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_t n, int back, float gscale) {
+/* max + ln sum exp(x - max): x - it <= 0 is the row's log-softmax */
+ATTR static float FN(row_lse)(const float *x, int64_t n) {
     const float mx = FN(row_max)(x, n);
     VF acc = (VF){0};
     int64_t i = 0;
     for (; i + VL <= n; i += VL) acc += FN(vexp_neg)(*(const VFU *)(x + i) - mx);
     double s = FN(hsum)(acc);
     for (; i < n; i++) s += exp((double)x[i] - mx);
-    const float sh = (float)((double)mx + log(s)); /* x - sh <= 0: the log-softmax */
+    return (float)((double)mx + log(s));
+}
+
+ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_t n, int back, float gscale) {
+    const float sh = FN(row_lse)(x, n);
+    VF acc;
+    int64_t i;
     if (back) {
         for (i = 0; i + VL <= n; i += VL)
             *(VFU *)(out + i) = (FN(vexp_neg)(*(const VFU *)(x + i) - sh) - *(const VFU *)(y + i)) * gscale;
@@ -545,13 +552,8 @@ ATTR static double FN(ce_row)(const float *x, const float *y, float *out, int64_
 
 /* the row's loss term (or, back, its gradient) for one class index k: a one-hot label row's sparse form */
 ATTR static double FN(ce_row_id)(const float *x, int64_t k, float *out, int64_t n, int back, float gscale) {
-    const float mx = FN(row_max)(x, n);
-    VF acc = (VF){0};
-    int64_t i = 0;
-    for (; i + VL <= n; i += VL) acc += FN(vexp_neg)(*(const VFU *)(x + i) - mx);
-    double s = FN(hsum)(acc);
-    for (; i < n; i++) s += exp((double)x[i] - mx);
-    const float sh = (float)((double)mx + log(s));
+    const float sh = FN(row_lse)(x, n);
+    int64_t i;
     if (!back) return (double)x[k] - sh;
     for (i = 0; i + VL <= n; i += VL) *(VFU *)(out + i) = FN(vexp_neg)(*(const VFU *)(x + i) - sh) * gscale;
     for (; i < n; i++) out[i] = (float)(exp((double)x[i] - sh) * gscale);

@@ -243,7 +243,10 @@ def test_prism_finetune_trains_an_adapter_that_prism_run_loads(tmp_path, tiny_ll
     (["--lora-targets", "attn_qkv"], 1, "has no matrix 'blk.0.attn_qkv.weight'"),
     (["--ctx", "4096"], 1, "exceeds the model's training context 512"),
     (["--full"], 1, r"q8_0: quantized weights cannot be trained in place \(dequantize the model first"),
+    (["--lr", "1e30", "--optimizer", "sgd"], 1, r"loss became (nan|inf) at batch \d+ of epoch 1 \(learning rate "
+                                                r"1e\+30\): lower the learning rate; no checkpoint had been written"),
 ])
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the diverging run's NaN, on the reference
 def test_prism_finetune_refuses_bad_input_with_a_message(tmp_path, capsys, extra, code, match):
     model = write_tiny(tmp_path / "q8.gguf", "llama", seed=26, weight_type=G.Q8_0)
     (tmp_path / "t.txt").write_text(text(80))

@@ -539,6 +539,21 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
             o[i3, i2, i1, i0] = e[i0] / den
 
 
+@njit(**_OPTS)
+def _row_max_lse(a, i3, i2, i1):
+    """(max, ln sum exp(x - max)) of row (i3, i2, i1) of a, in float64."""
+    n0 = a.shape[3]
+    mx = -np.inf
+    for i0 in range(n0):
+        v = np.float64(a[i3, i2, i1, i0])
+        if v > mx:
+            mx = v
+    se = 0.0
+    for i0 in range(n0):
+        se += np.exp(np.float64(a[i3, i2, i1, i0]) - mx)
+    return mx, np.log(se)
+
+
 @njit(parallel=True, **_OPTS)
 def cross_entropy(a, b, o, g, mode):
     """mode 0: o[0] = -(1/nrows) sum b * log_softmax(a); mode 1: o = (softmax(a) - b) * g / nrows."""
@@ -550,15 +565,7 @@ def cross_entropy(a, b, o, g, mode):
         t = r // n1
         i2 = t % n2
         i3 = t // n2
-        mx = -np.inf
-        for i0 in range(n0):
-            v = np.float64(a[i3, i2, i1, i0])
-            if v > mx:
-                mx = v
-        se = 0.0
-        for i0 in range(n0):
-            se += np.exp(np.float64(a[i3, i2, i1, i0]) - mx)
-        lse = np.log(se)
+        mx, lse = _row_max_lse(a, i3, i2, i1)
         if mode == 0:
             acc = 0.0
             for i0 in range(n0):
@@ -586,15 +593,7 @@ def cross_entropy_ids(a, ids, o, g, mode):
         t = r // n1
         i2 = t % n2
         i3 = t // n2
-        mx = -np.inf
-        for i0 in range(n0):
-            v = np.float64(a[i3, i2, i1, i0])
-            if v > mx:
-                mx = v
-        se = 0.0
-        for i0 in range(n0):
-            se += np.exp(np.float64(a[i3, i2, i1, i0]) - mx)
-        lse = np.log(se)
+        mx, lse = _row_max_lse(a, i3, i2, i1)
         k = ids[i3, i2, i1]
         if mode == 0:
             part[r] = np.float64(a[i3, i2, i1, k]) - mx - lse

@@ -42,6 +42,17 @@ def int_at_least(minimum: int):
     return parse
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (a learning rate, a LoRA alpha)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
 def jobs_arg(text: str) -> int:
     if text == "auto":
         return os.cpu_count() or 1

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..settings import ENV_THREADS
-from .args import int_at_least
+from .args import int_at_least, positive_float
 from .run import _threads
 
 
@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     f.add_argument("-o", "--output", default=None,
                    help="the adapter to write (default lora-MODEL.gguf; with --full: MODEL-finetuned.gguf)")
     f.add_argument("--lora-rank", type=int_at_least(1), default=8, help="adapter rank r (default 8)")
-    f.add_argument("--lora-alpha", type=_positive_float, default=None,
+    f.add_argument("--lora-alpha", type=positive_float, default=None,
                    help="adapter alpha: the product is scaled by alpha / r (default: r, scale 1)")
     f.add_argument("--lora-targets", default="attn_q,attn_k,attn_v,attn_output",
                    help="matrices to adapt, comma-separated from attn_q, attn_k, attn_v, attn_output, ffn_gate, "
@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     f.add_argument("-ub", "--ubatch", type=int_at_least(1), default=None,
                    help="windows per graph; batch / ubatch graphs accumulate gradients per step (default: batch)")
     f.add_argument("--epochs", type=int_at_least(1), default=2, help="passes over the training windows (default 2)")
-    f.add_argument("--lr", type=_positive_float, default=None,
+    f.add_argument("--lr", type=positive_float, default=None,
                    help="learning rate (default 1e-4 for LoRA, 1e-5 with --full)")
     f.add_argument("-wd", "--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
     f.add_argument("-opt", "--optimizer", default="adamw", choices=("adamw", "sgd"))
@@ -51,17 +51,6 @@ def add_parser(sub) -> None:
     f.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="ggml-opt's progress bar on stderr (default: only when stderr is a terminal)")
     f.set_defaults(func=cmd_finetune)
-
-
-def _positive_float(text: str) -> float:
-    import math
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return v
 
 
 def default_output(model: str, full: bool) -> str:
