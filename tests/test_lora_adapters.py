@@ -190,6 +190,27 @@ def test_export_lora_requantizes_each_merged_matrix_to_its_type(tmp_path):
     assert rounding < 0.05 * np.abs(unmerged - plain).max(), (rounding, np.abs(unmerged - plain).max())
 
 
+def test_export_lora_outtype_f16_keeps_what_requantizing_would_round_away(tmp_path):
+    """--outtype f16 (llama.cpp's export-lora type): the merged matrices in F16, the rest untouched; an adapter
+    far smaller than the Q8_0 grid's step survives it, where requantizing to Q8_0 leaves the base."""
+    base = write_tiny(tmp_path / "q8.gguf", "llama", seed=27, weight_type=G.Q8_0)
+    path, pairs = adapter(tmp_path, base, targets=("attn_v", "ffn_down"), b_scale=2e-3)
+    assert main(["export-lora", str(base), "--lora", str(path), "-o", str(tmp_path / "f16.gguf"), "--outtype",
+                 "f16"]) == 0
+    assert main(["export-lora", str(base), "--lora", str(path), "-o", str(tmp_path / "q8.out.gguf")]) == 0
+    f16, src = pc.gguf.load(tmp_path / "f16.gguf"), pc.gguf.load(base)
+    assert {n for n, t in f16.tensors.items() if t.type == G.F16} == set(pairs)
+    assert all(np.array_equal(f16.tensors[n].raw(), t.raw()) for n, t in src.tensors.items() if n not in pairs)
+
+    def logits(p, **kw):
+        return load(p, backend="numpy", n_ctx=32, cache_type="f32", **kw).logits(IDS)
+    unmerged, plain = logits(base, lora=[(path, 1.0)]), logits(base)
+    effect = np.abs(unmerged - plain).max()
+    assert np.abs(logits(tmp_path / "f16.gguf") - unmerged).max() < 0.2 * effect  # F16 products round the inputs
+    assert np.abs(logits(tmp_path / "q8.out.gguf") - plain).max() < np.abs(logits(tmp_path / "q8.out.gguf")
+                                                                             - unmerged).max()
+
+
 def test_export_lora_refuses_bad_calls(tmp_path, tiny_llama, capsys):
     path, _ = adapter(tmp_path, tiny_llama)
     assert main(["export-lora", str(tiny_llama), "-o", str(tmp_path / "x.gguf")]) == 1

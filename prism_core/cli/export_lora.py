@@ -14,6 +14,9 @@ def add_parser(sub) -> None:
     e.add_argument("model", help="a GGUF file, or a known model name: gemma3-270m")
     add_lora_args(e)
     e.add_argument("-o", "--output", required=True, help="the merged model to write")
+    e.add_argument("--outtype", choices=("keep", "f16", "f32"), default="keep",
+                   help="the merged matrices' type: each one's own, requantized (default), or F16/F32 (llama.cpp's "
+                        "export-lora writes F16)")
     e.set_defaults(func=cmd_export_lora)
 
 
@@ -22,7 +25,8 @@ def cmd_export_lora(args: argparse.Namespace) -> int:
     from ..finetune.export import merge
     from .models import model_path
     try:
-        merged = merge(model_path(args.model), lora_list(args), args.output)
+        merged = merge(model_path(args.model), lora_list(args), args.output,
+                       None if args.outtype == "keep" else args.outtype)
     except PrismError as e:
         print(f"prism export-lora: {e}", file=sys.stderr)
         return 1

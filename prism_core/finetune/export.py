@@ -24,13 +24,20 @@ from ..models.lora import open_adapters, products
 from ..progress import report
 from ..quant import can_quantize
 from ..tensor import Tensor
-from ..types import F16, F32, traits
+from ..types import F16, F32, GGMLType, as_type, traits
 
 
 def merge(model_path: str | os.PathLike[str], adapters: Sequence[tuple[str | os.PathLike[str] | LoraFile, float]],
-          out_path: str | os.PathLike[str]) -> list[str]:
+          out_path: str | os.PathLike[str], out_type: GGMLType | str | None = None) -> list[str]:
     """Write ``model_path`` with ``adapters`` ((path, scale) pairs) merged into its matrices to
-    ``out_path`` (atomically); returns the names of the merged matrices."""
+    ``out_path`` (atomically); returns the names of the merged matrices. ``out_type`` None keeps each
+    merged matrix's type; F16 or F32 stores the merged matrices so (llama.cpp's export-lora writes F16),
+    keeping an adapter's small change that a 4-bit type's rounding would mostly lose."""
+    if out_type is not None:
+        out_type = as_type(out_type)
+        if out_type not in (F16, F32):
+            raise InvalidArgument(f"export-lora: the merged matrices' type must be the original's, F16 or F32, got "
+                                  f"{traits(out_type).name}")
     if os.path.abspath(os.fspath(out_path)) == os.path.abspath(os.fspath(model_path)):
         raise InvalidArgument(f"export-lora: the output {out_path} is the input model; write another file")
     if not adapters:
@@ -46,9 +53,9 @@ def merge(model_path: str | os.PathLike[str], adapters: Sequence[tuple[str | os.
         by_name = products(opened, base.tensors, arch)  # refuses other models' adapters, naming the tensor
         for name in by_name:
             t = base.tensors[name].type
-            if traits(t).is_quantized and not can_quantize(t):
+            if out_type is None and traits(t).is_quantized and not can_quantize(t):
                 raise Unsupported(f"export-lora: {name} is {traits(t).name}, which Prism cannot quantize again "
-                                  "without an importance matrix; merge into an F16 or F32 copy of the model")
+                                  "without an importance matrix; write the merged matrices as F16 (--outtype f16)")
         scratch = Context(1 << 40)
         tensors: dict[str, Tensor] = dict(base.tensors)
         for i, (name, prods) in enumerate(by_name.items()):
@@ -57,7 +64,7 @@ def merge(model_path: str | os.PathLike[str], adapters: Sequence[tuple[str | os.
             merged = w.numpy().astype(np.float64)
             for p in prods:
                 merged += p.scale * (p.b.numpy().astype(np.float64) @ p.a.numpy().astype(np.float64))
-            out = scratch.new_tensor(w.type, w.ne, name)
+            out = scratch.new_tensor(w.type if out_type is None else out_type, w.ne, name)
             out.set(merged.astype(np.float32))
             tensors[name] = out
         report("merging adapters", len(by_name), len(by_name))
