@@ -41,3 +41,14 @@ def requested_threads() -> int | None:
     """The thread count asked for in ``$PRISM_NUM_THREADS`` (None: all cores), 1 to
     :data:`MAX_THREADS`."""
     return env_int(ENV_THREADS, None, 1, MAX_THREADS)
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The word in ``$name``, lower-cased (``default`` when unset or empty); InvalidArgument (a
+    ValueError) naming the variable, the words it takes and the value given otherwise."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise InvalidArgument(f"{name}={raw[:40]!r} is not one of {', '.join(choices)}")
+    return raw

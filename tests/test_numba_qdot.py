@@ -3,7 +3,8 @@ quantizer against prism_core.quant.quantize_activations byte for byte (ggml's x8
 the reference Q8_K, their edge cases), the products against float64 on gguf-dequantized weights
 and the activations so quantized (odd block counts, row groups with tails, several tasks, batch
 broadcast, a permuted b, serial and thread-pool compilations), non-finite activations, and the
-portable vector code (a generic CPU) against the AVX-512 VNNI code."""
+portable vector code (a generic CPU) and every lower vector ISA this CPU runs (PRISM_NUMBA_ISA:
+AVX-VNNI, AVX2) against the best one's code, bit for bit; the setting's refusals."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ nb, mode = test_numba_quant.nb, test_numba_quant.mode  # the numba backend and s
 
 INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K)
 try:
-    from prism_numba._qvec import VNNI  # the integer path is taken on AVX-512 VNNI CPUs only
+    from prism_numba._qvec import (
+        INT_PATH,  # taken on AVX-512 VNNI, AVX-VNNI, AVX2 CPUs
+        Q8_0_BIAS,
+    )
 except ImportError:  # numba missing: the fixture skips every test
-    VNNI = False
-OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: 128, GT.Q4_K: 0, GT.Q6_K: 32}  # the vector code's byte offsets
+    INT_PATH, Q8_0_BIAS = False, 128
+# the vector code's byte offsets (Q8_0's is 0 on AVX2, which takes the sign trick instead)
+OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: Q8_0_BIAS, GT.Q4_K: 0, GT.Q6_K: 32}
 
 
 def _edge_row(rng: np.random.Generator) -> np.ndarray:
@@ -108,10 +113,10 @@ def test_products(nb, mode, t):
             bv[n - 1, : min(k, 64)] = 0.0  # a zero activation block
             out = pc.mul_mat(a, ctx.from_numpy(bv))
             pc.compute(pc.Graph().expand(out), nb, strict=True)
-            assert int_path(out) == VNNI
+            assert int_path(out) == INT_PATH
             got = out.numpy().reshape(n, 37)
             assert not got[:, 3].any()
-            _check(got, activation_values(bv, t) if VNNI else bv.astype(np.float64), av)
+            _check(got, activation_values(bv, t) if INT_PATH else bv.astype(np.float64), av)
 
 
 @pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K), ids=lambda t: t.name)
@@ -129,9 +134,9 @@ def test_broadcast_and_permuted(nb, mode, t):
     bv = rng.standard_normal((3, 4, 2, k)).astype(np.float32)
     b = pc.permute(ctx.from_numpy(np.ascontiguousarray(bv.transpose(0, 2, 1, 3))), 0, 2, 1, 3)
     out = pc.mul_mat(a, b)
-    assert int_path(out) == VNNI
+    assert int_path(out) == INT_PATH
     pc.compute(pc.Graph().expand(out), nb, strict=True)
-    xv = activation_values(bv.reshape(-1, k), t).reshape(bv.shape) if VNNI else bv.astype(np.float64)
+    xv = activation_values(bv.reshape(-1, k), t).reshape(bv.shape) if INT_PATH else bv.astype(np.float64)
     _check(out.numpy(), xv, np.repeat(np.repeat(av, 3, 0), 2, 1))
 
 
@@ -148,13 +153,13 @@ def test_non_finite_rows_take_the_float_path(nb, mode):
     out = pc.mul_mat(a, ctx.from_numpy(bv))
     pc.compute(pc.Graph().expand(out), nb, strict=True)
     got = out.numpy().reshape(3, m)
-    assert int_path(out) == VNNI
+    assert int_path(out) == INT_PATH
     assert np.isnan(got[0]).all()
     with np.errstate(invalid="ignore"):
         want1 = bv[1].astype(np.float64) @ av.T
     assert np.array_equal(np.isnan(got[1]), np.isnan(want1)) and np.array_equal(got[1][np.isinf(want1)],
                                                                                   want1[np.isinf(want1)])
-    _check(got[2:], activation_values(bv[2:], t) if VNNI else bv[2:].astype(np.float64), av)
+    _check(got[2:], activation_values(bv[2:], t) if INT_PATH else bv[2:].astype(np.float64), av)
 
 
 _GENERIC_RUN = """
@@ -175,7 +180,7 @@ def rounded(x, out):
         out[i] = V.f16_round(x[i])
 
 cases = json.loads(sys.argv[1])
-res = {"vnni": V.VNNI, "f16c": V.F16C, "out": []}
+res = {"mode": V.MODE, "f16c": V.F16C, "out": []}
 for fmt, k, m, seed in cases:
     a = np.load(sys.argv[2] + f"/a{fmt}_{k}.npy")
     b = np.random.default_rng(seed).standard_normal((1, 1, 2, k)).astype(np.float32)
@@ -206,12 +211,9 @@ def _round_cases(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([x, -x])
 
 
-@pytest.mark.slow
-def test_generic_vector_code_equals_vnni(nb, tmp_path):
-    """The portable code (NUMBA_CPU_NAME=generic: plain vector IR for the lane sums, integer fp16
-    conversions; compiled afresh in a subprocess) gives the same bits as this host's code: the same
-    exact integers and float32 operations; its fp16 conversions equal NumPy's on every fp16 and on
-    the rounding edges."""
+def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
+    """Compile q_mul_mat_int afresh in a subprocess with env_extra (its own cache) and run it on the
+    five formats; (its results, the cases, the fp16 rounding inputs)."""
     rng = np.random.default_rng(3)
     cases = []
     for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256)):
@@ -221,15 +223,35 @@ def test_generic_vector_code_equals_vnni(nb, tmp_path):
         cases.append((int(t), k, m, int(t)))
     x = _round_cases(rng)
     np.save(tmp_path / "x.npy", x)
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env = {k: v for k, v in os.environ.items() if k != "PRISM_NUMBA_ISA"}
+    env.update(NUMBA_CACHE_DIR=str(tmp_path / "cache"), **env_extra)
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "backends"), os.path.join(here, ".."),
                                          env.get("PYTHONPATH", "")])
     run = [sys.executable, "-c", _GENERIC_RUN, json.dumps(cases), str(tmp_path)]
     proc = subprocess.run(run, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    generic = json.loads(proc.stdout.splitlines()[-1])
-    assert generic["vnni"] is False and generic["f16c"] is False
+    return json.loads(proc.stdout.splitlines()[-1]), cases, x
+
+
+def _same_products(tmp_path, cases, variant) -> None:
+    """The variant's products equal this process's (the best vector ISA here) bit for bit."""
+    from prism_numba._jit_qdot import q_mul_mat_int
+    for (fmt, k, m, seed), bits in zip(cases, variant["out"]):
+        b = np.random.default_rng(seed).standard_normal((1, 1, 2, k)).astype(np.float32)
+        o = np.empty((1, 1, 2, m), np.float32)
+        q_mul_mat_int(fmt, np.load(tmp_path / f"a{fmt}_{k}.npy"), b, o)
+        assert o.view(np.uint32).reshape(-1).tolist() == bits, GT(fmt).name
+
+
+@pytest.mark.slow
+def test_generic_vector_code_equals_best(nb, tmp_path):
+    """The portable code (NUMBA_CPU_NAME=generic: plain vector IR for the lane sums, integer fp16
+    conversions; compiled afresh in a subprocess) gives the same bits as this host's code: the same
+    exact integers and float32 operations; its fp16 conversions equal NumPy's on every fp16 and on
+    the rounding edges."""
+    generic, cases, x = _variant(tmp_path, {"NUMBA_CPU_NAME": "generic"})
+    assert generic["mode"] == "portable" and generic["f16c"] is False
     with np.errstate(over="ignore"):
         want_round = x.astype(np.float16).astype(np.float32)
     assert np.array_equal(np.array(generic["rounded"], np.uint32), want_round.view(np.uint32))
@@ -238,9 +260,46 @@ def test_generic_vector_code_equals_vnni(nb, tmp_path):
     nan = np.isnan(want_halves)
     assert np.array_equal(np.isnan(got_halves), nan)
     assert np.array_equal(got_halves[~nan].view(np.uint32), want_halves[~nan].view(np.uint32))
-    from prism_numba._jit_qdot import q_mul_mat_int
-    for (fmt, k, m, seed), bits in zip(cases, generic["out"]):
-        b = np.random.default_rng(seed).standard_normal((1, 1, 2, k)).astype(np.float32)
-        o = np.empty((1, 1, 2, m), np.float32)
-        q_mul_mat_int(fmt, np.load(tmp_path / f"a{fmt}_{k}.npy"), b, o)
-        assert o.view(np.uint32).reshape(-1).tolist() == bits, GT(fmt).name
+    _same_products(tmp_path, cases, generic)
+
+
+# An AVX2 CPU as LLVM sees one (Haswell's features named, so numba compiles nothing wider than ymm),
+# and AVX-VNNI forced on this CPU through the setting.
+_AVX2_CPU = {"NUMBA_CPU_NAME": "haswell",
+             "NUMBA_CPU_FEATURES": "+avx2,+avx,+fma,+f16c,+sse4.2,+popcnt,+bmi,+bmi2,+lzcnt,+movbe"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("want", ["avxvnni", "avx2"])
+def test_lower_vector_isa_equals_best(nb, tmp_path, want):
+    """The AVX-VNNI code (vpdpbusd on ymm) and the AVX2 code (vpmaddubsw, vpmaddwd, Q8_0 by the sign
+    trick) give the best code's bits: the same exact integer lanes, the same float32 operations."""
+    from prism_numba import isa
+    runs = isa.cpu_modes()
+    if want not in runs:
+        pytest.skip(f"this CPU does not run {want} (it runs {', '.join(runs)})")
+    if want == runs[0]:
+        pytest.skip(f"{want} is this CPU's best: every other test of this file runs it")
+    extra = _AVX2_CPU if want == "avx2" else {"PRISM_NUMBA_ISA": want}
+    variant, cases, _ = _variant(tmp_path, extra)
+    assert variant["mode"] == want
+    _same_products(tmp_path, cases, variant)
+
+
+def test_isa_setting_refusals(monkeypatch):
+    """PRISM_NUMBA_ISA takes auto or a mode the CPU runs; another word, or a mode beyond the CPU,
+    makes numba unavailable with the reason naming the variable."""
+    pytest.importorskip("numba")
+    from prism_numba import NumbaBackend, isa
+    monkeypatch.setenv("PRISM_NUMBA_ISA", "sse9")
+    ok, why = NumbaBackend().availability()
+    assert not ok and "PRISM_NUMBA_ISA='sse9'" in why and "avx2" in why
+    monkeypatch.setenv("PRISM_NUMBA_ISA", "portable")
+    assert isa.chosen() == "portable"
+    beyond = [m for m in isa.MODES if m not in isa.cpu_modes()]
+    if beyond:
+        monkeypatch.setenv("PRISM_NUMBA_ISA", beyond[0])
+        ok, why = NumbaBackend().availability()
+        assert not ok and "asks for more than" in why
+    monkeypatch.setenv("PRISM_NUMBA_ISA", "AUTO")
+    assert isa.chosen() == isa.cpu_modes()[0]

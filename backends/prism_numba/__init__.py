@@ -33,7 +33,7 @@ from prism_core.settings import env_int, requested_threads
 
 # kernels_ext registers the RoPE, attention and convolution wrappers; kernels_quant then the block-type
 # cases (re-registering MUL_MAT, GET_ROWS, CPY, ... with block types added to the float wrappers)
-from . import kernels_ext, kernels_quant  # noqa: F401
+from . import isa, kernels_ext, kernels_quant  # noqa: F401
 from .kernels import EMPTY_SOURCE_ZEROS, KERNELS, TABLE, BoundCall, record, run_wrapper
 from .warmup import warm_up
 
@@ -85,6 +85,7 @@ class NumbaBackend(prism_core.Backend):
         try:
             requested_threads()
             serial_work()
+            isa.chosen()
             self._adaptive = contention.adaptive()
         except ValueError as e:
             return False, str(e)

@@ -20,12 +20,16 @@ from prism_core.types import GGMLType, traits
 from . import _qvec as V
 from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
 
-_OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
+# Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
+# another than the last process did, and numba keys its cache by source and CPU, not by what the
+# intrinsics generated); its helpers are compiled with it (numba would load a helper's cached code
+# of another ISA).
+_OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)
 
 # The weight formats with an integer path (ggml type ids), with what the vector code subtracts from
 # their unsigned weight bytes (see _qvec); tables of that and of a block's bytes (the core's type
 # traits), indexed by the type id.
-_INT_PATH = ((Q8_0, 128), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32))
+_INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32))
 INT_FORMATS = frozenset(fmt for fmt, _ in _INT_PATH)
 _OFFSETS = np.zeros(max(INT_FORMATS) + 1, np.int64)
 _BLOCK_BYTES = np.zeros(max(INT_FORMATS) + 1, np.int64)
@@ -276,31 +280,37 @@ def _task(fmt, a, b, o, k3, k2, m, m_end, xq, xc, xd, xb, finite):
         m += g
 
 
-@njit(parallel=True, **_OPTS)
-def q_mul_mat_int(fmt, a, b, o):
-    """o[i3, i2, n, m] = the integer-path dot product of weight row a[i3 // r3, i2 // r2, m] with
-    activation row b[i3, i2, n] (quantized once, before the products); a task owns up to
-    ROWS_PER_TASK rows of one a matrix and serves every b row broadcast onto it."""
-    n3, n2, nn, nm = o.shape
-    a3, a2 = a.shape[0], a.shape[1]
-    nk = b.shape[3]
-    nr = n3 * n2 * nn
-    per = 256 if fmt == Q4_K or fmt == Q6_K else 32
-    xq = np.empty(nr * nk, np.int8)
-    xc = np.empty(nr * nk // 4, np.int32)
-    xd = np.empty(nr * (nk // per), np.float32)
-    xb = np.empty(nr * (nk // 32), np.int32)
-    finite = np.empty(nr, np.bool_)
-    for t in prange(nr):
-        q = t % nn
-        u = t // nn
-        finite[t] = quantize_row(fmt, b[u // n2, u % n2, q], xq, xc, xd, xb, t * nk)
-    tm = (nm + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in prange(a3 * a2 * tm):
-        jm = task % tm
-        u = task // tm
-        _task(fmt, a, b, o, u // a2, u % a2, jm * ROWS_PER_TASK, min(nm, (jm + 1) * ROWS_PER_TASK),
-              xq, xc, xd, xb, finite)
+def _kernel(mode: str):
+    @njit(parallel=True, **dict(_OPTS, cache=True))
+    def q_mul_mat_int(fmt, a, b, o):
+        """o[i3, i2, n, m] = the integer-path dot product of weight row a[i3 // r3, i2 // r2, m] with
+        activation row b[i3, i2, n] (quantized once, before the products); a task owns up to
+        ROWS_PER_TASK rows of one a matrix and serves every b row broadcast onto it."""
+        if mode == "":  # never: mode (the vector ISA) is read so that it joins the closure, the cache key
+            return
+        n3, n2, nn, nm = o.shape
+        a3, a2 = a.shape[0], a.shape[1]
+        nk = b.shape[3]
+        nr = n3 * n2 * nn
+        per = 256 if fmt == Q4_K or fmt == Q6_K else 32
+        xq = np.empty(nr * nk, np.int8)
+        xc = np.empty(nr * nk // 4, np.int32)
+        xd = np.empty(nr * (nk // per), np.float32)
+        xb = np.empty(nr * (nk // 32), np.int32)
+        finite = np.empty(nr, np.bool_)
+        for t in prange(nr):
+            q = t % nn
+            u = t // nn
+            finite[t] = quantize_row(fmt, b[u // n2, u % n2, q], xq, xc, xd, xb, t * nk)
+        tm = (nm + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+        for task in prange(a3 * a2 * tm):
+            jm = task % tm
+            u = task // tm
+            _task(fmt, a, b, o, u // a2, u % a2, jm * ROWS_PER_TASK, min(nm, (jm + 1) * ROWS_PER_TASK),
+                  xq, xc, xd, xb, finite)
+    return q_mul_mat_int
 
+
+q_mul_mat_int = _kernel(V.MODE)
 
 KERNELS = {f.py_func.__name__: f for f in (q_mul_mat_int,)}

@@ -12,39 +12,39 @@ The one instruction the code is built around is ``vpdpbusd`` (AVX-512 VNNI): 16 
 adding the four products of unsigned bytes of its first operand and signed bytes of its second.
 Weights become unsigned bytes (Q4: the nibble 0..15; Q5: 0..31; Q6_K: 0..63; Q8_0: the int8 plus
 128), and the offset comes back through the lane's start value, ``-offset * (sum of those four
-activations)``, precomputed once per activation row (``xc``). Without VNNI (or when numba compiles
-for a generic CPU, ``NUMBA_CPU_NAME``), the same lane sums are written in plain vector IR, which
-every LLVM target lowers (exact either way: the products fit in int32).
+activations)``, precomputed once per activation row (``xc``). Which instructions compute it is
+:mod:`.isa`'s choice: AVX-512 VNNI's ``vpdpbusd`` on 512 bits, AVX-VNNI's on two 256-bit halves,
+AVX2's ``vpmaddubsw`` (pairs of products in int16) then ``vpmaddwd`` by ones (pairs of those in
+int32, the same four-product lanes), or plain vector IR that every LLVM target lowers ("portable").
+All are exact: the products fit in int32, and AVX2's int16 pairs do not saturate (at most
+2 * 63 * 128 for the 6-bit values), except Q8_0's int8 + 128, so on AVX2 Q8_0 takes ggml's sign
+trick instead (``|w|`` times the activation with w's sign, no offset: ``Q8_0_BIAS`` is 0 there).
 """
 
 from __future__ import annotations
 
-import llvmlite.binding as llb
 from llvmlite import ir
 from numba import types
-from numba.core import config
 from numba.extending import intrinsic
+
+from . import isa
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, HALF = ir.FloatType(), ir.HalfType()
 
 
-def host_has_vnni() -> bool:
-    """AVX-512 VNNI (with BW) on the CPU numba compiles for."""
-    if config.CPU_NAME not in (None, "", "host"):
-        return False  # a named (portable) target: generic code
-    feats = llb.get_host_cpu_features()
-    return all(feats.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
-
-
 def host_has_f16c() -> bool:
     """fp16 conversion instructions on the CPU numba compiles for (without them LLVM would call
     the compiler-runtime helpers __extendhfsf2/__truncsfhf2, which numba's JIT does not link)."""
-    return config.CPU_NAME in (None, "", "host") and bool(llb.get_host_cpu_features().get("f16c", False))
+    return bool(isa.target_features().get("f16c", False))
 
 
-VNNI = host_has_vnni()
+#: the integer path's vector ISA (isa.MODES); "portable" code exists for tests, the path is not taken
+MODE = isa.chosen()
+INT_PATH = MODE != "portable"
 F16C = host_has_f16c()
+#: what Q8_0's int8 weights are biased by to make them unsigned (0 on AVX2: the sign trick instead)
+Q8_0_BIAS = 0 if MODE == "avx2" else 128
 
 
 def vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -94,15 +94,42 @@ def _f16(context, b, aryty, ary, index):
     return _half_to_float(b, _load(context, b, aryty, ary, index, I16))
 
 
+def _x86(b: ir.IRBuilder, name: str, ret: ir.Type, *args) -> ir.Value:
+    fn = b.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, [a.type for a in args]))
+    return b.call(fn, list(args))
+
+
+def _halves(b: ir.IRBuilder, v) -> tuple:
+    n = v.type.count // 2
+    return _shuffle(b, v, v, range(n)), _shuffle(b, v, v, range(n, 2 * n))
+
+
 def _dpbusd(b: ir.IRBuilder, acc, u, s) -> ir.Value:
     """acc (16 x i32) + the sums of four adjacent products u[i] * s[i] (64 unsigned, 64 signed bytes)."""
-    if VNNI:
-        v16 = vec(I32, 16)
-        fn = b.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(v16, [v16] * 3))
-        return b.call(fn, [acc, b.bitcast(u, v16), b.bitcast(s, v16)])
+    v8, v16 = vec(I32, 8), vec(I32, 16)
+    if MODE == "avx512vnni":
+        return _x86(b, "llvm.x86.avx512.vpdpbusd.512", v16, acc, b.bitcast(u, v16), b.bitcast(s, v16))
+    if MODE == "avxvnni":  # the 256-bit form, AVX-VNNI's (VEX) where the CPU lacks AVX-512 VL
+        lanes = [_x86(b, "llvm.x86.avx512.vpdpbusd.256", v8, a, b.bitcast(x, v8), b.bitcast(y, v8))
+                 for a, x, y in zip(_halves(b, acc), _halves(b, u), _halves(b, s))]
+        return _concat(b, *lanes)
+    if MODE == "avx2":
+        ones = _const(I16, 16, 1)
+        lanes = [_x86(b, "llvm.x86.avx2.pmadd.wd", v8, _x86(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), x, y), ones)
+                 for x, y in zip(_halves(b, u), _halves(b, s))]
+        return b.add(acc, _concat(b, *lanes))
     p = b.mul(b.zext(u, vec(I32, 64)), b.sext(s, vec(I32, 64)))
     parts = [_shuffle(b, p, p, range(j, 64, 4)) for j in range(4)]
     return b.add(acc, b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3])))
+
+
+def _sign_trick(b: ir.IRBuilder, w, x) -> tuple:
+    """(|w| as unsigned bytes, x with w's sign: 0 where w is 0) for 64 signed bytes w and x, so that
+    u * s pairs stay within int16 (|w| <= 128, |x| <= 127: at most 2 * 128 * 127)."""
+    neg = b.icmp_signed("<", w, _const(I8, 64, 0))
+    u = b.select(neg, b.neg(w), w)  # -(-128) wraps to 0x80: 128 as an unsigned byte
+    signed = [_x86(b, "llvm.x86.avx2.psign.b", vec(I8, 32), xh, wh) for xh, wh in zip(_halves(b, x), _halves(b, w))]
+    return u, _concat(b, *signed)
 
 
 def _hsum(b: ir.IRBuilder, v) -> ir.Value:
@@ -136,7 +163,8 @@ def _block_u8(fmt: str, context, b, wty, w, o):
     """Block at byte o of w as 32 unsigned bytes, values 0..15 (Q4_0), 0..31 (Q5_0), int8 + 128 (Q8_0)."""
     bs, q0 = LEGACY_LAYOUT[fmt]
     if fmt == "Q8_0":
-        return b.xor(_load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 32)), _const(I8, 32, 0x80))
+        q = _load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 32))
+        return q if Q8_0_BIAS == 0 else b.xor(q, _const(I8, 32, 0x80))
     lo, hi = _nibbles(b, _load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 16)))
     u = _concat(b, lo, hi)  # value j is the low nibble of byte j, value 16 + j its high nibble
     if fmt == "Q5_0":  # bit j of the 32-bit qh at byte 2 is value j's fifth bit
@@ -171,7 +199,10 @@ def legacy_chunk(fmt: str, pairs: int, rows: int):
                     o0 = b.add(b.add(wo_, b.mul(ws_, ir.Constant(I64, r))), ir.Constant(I64, 2 * p * bs))
                     o1 = b.add(o0, ir.Constant(I64, bs))
                     u = _concat(b, _block_u8(fmt, context, b, wty, w_, o0), _block_u8(fmt, context, b, wty, w_, o1))
-                    lanes = b.sitofp(_dpbusd(b, c, u, s), vec(F32, 16))
+                    su = s
+                    if fmt == "Q8_0" and Q8_0_BIAS == 0:  # u holds the signed weights
+                        u, su = _sign_trick(b, u, s)
+                    lanes = b.sitofp(_dpbusd(b, c, u, su), vec(F32, 16))
                     dw = ir.Constant(vec(F32, 2), [0.0, 0.0])
                     for i, oi in enumerate((o0, o1)):
                         dw = b.insert_element(dw, _f16(context, b, wty, w_, oi), ir.Constant(I32, i))

@@ -90,14 +90,14 @@ def _mul_mat(n: Tensor) -> None:
 
 def int_path(n: Tensor) -> bool:
     """Whether MUL_MAT node n takes the integer path: a format that has one, fewer activation rows
-    per weight matrix than its INT_PATH_ROWS, and a CPU with AVX-512 VNNI (the portable vector code
-    of other CPUs measured 2-10x slower than the float path)."""
+    per weight matrix than its INT_PATH_ROWS, and a CPU with AVX-512 VNNI, AVX-VNNI or AVX2 (isa.py;
+    the portable vector code of other CPUs measured 2-10x slower than the float path)."""
     a = n.src[0]
     served = n.ne[1] * (n.ne[2] // a.ne[2]) * (n.ne[3] // a.ne[3])
     if served >= INT_PATH_ROWS.get(int(a.type), 0):
         return False
     from . import _qvec  # numba is imported by now: the kernels are
-    return _qvec.VNNI
+    return _qvec.INT_PATH
 
 
 @kernel((FLOATS | QUANT_WEIGHTS, FLOATS, INDICES), ONLY_F32, "MUL_MAT_ID", reads_values=True)
