@@ -70,6 +70,7 @@ static int64_t csimd_cache_bytes(int level) {
 #undef ISA_LEVEL
 
 #if CSIMD_X86
+#define CSIMD_AVXVNNI 0
 #define SFX avx2
 #define ATTR __attribute__((target("avx2,fma,f16c")))
 #define VB 32
@@ -83,6 +84,29 @@ static int64_t csimd_cache_bytes(int level) {
 #undef MR
 #undef NR
 #undef ISA_LEVEL
+
+/* AVX2 with AVX-VNNI (vpdpbusd on ymm, VEX): only its quantized kernels are called (q_dp4 differs),
+   every other kernel of the copy is the AVX2 one and never referenced */
+#undef CSIMD_AVXVNNI
+#define CSIMD_AVXVNNI 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#define SFX avxvnni
+#define ATTR __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define VB 32
+#define MR 6
+#define NR 16
+#define ISA_LEVEL 1
+#include "csimd_impl.h"
+#undef SFX
+#undef ATTR
+#undef VB
+#undef MR
+#undef NR
+#undef ISA_LEVEL
+#pragma GCC diagnostic pop
+#undef CSIMD_AVXVNNI
+#define CSIMD_AVXVNNI 0
 
 #define SFX avx512
 #define ATTR __attribute__((target("avx512f,avx2,fma,f16c")))
@@ -130,18 +154,44 @@ static int blocks(const csimd_tensor *a, const csimd_tensor *b) {
 
 int csimd_abi_version(void) { return CSIMD_ABI_VERSION; }
 
-int csimd_cpu_isa(void) {
+#if CSIMD_X86
+#include <cpuid.h>
+/* AVX-VNNI: CPUID leaf 7 subleaf 1, EAX bit 4 (the ymm state is enabled where AVX2 is reported) */
+static int cpu_has_avxvnni(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 4) & 1;
+}
+#endif
+
+/* whether this CPU runs path isa (CSIMD_ISA_* of csimd.h) */
+static int isa_runs(int isa) {
 #if CSIMD_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 1;
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    switch (isa) {
+    case CSIMD_ISA_SCALAR: return 1;
+    case CSIMD_ISA_AVX2: return avx2;
+    case CSIMD_ISA_AVXVNNI: return avx2 && cpu_has_avxvnni();
+    case CSIMD_ISA_AVX512: return avx2 && __builtin_cpu_supports("avx512f");
+    default: return 0;
+    }
+#else
+    return isa == CSIMD_ISA_SCALAR;
 #endif
-    return 0;
 }
 
+int csimd_cpu_isa(void) {
+    static const int best_first[] = {CSIMD_ISA_AVX512, CSIMD_ISA_AVXVNNI, CSIMD_ISA_AVX2};
+    for (size_t i = 0; i < sizeof best_first / sizeof *best_first; i++)
+        if (isa_runs(best_first[i])) return best_first[i];
+    return CSIMD_ISA_SCALAR;
+}
+
+int csimd_isa_runs(int isa) { return isa_runs(isa); }
+
 int csimd_set_isa(int isa) {
-    if (isa < 0 || isa > csimd_cpu_isa()) return -1;
+    if (!isa_runs(isa)) return -1;
     g_isa = isa;
     return 0;
 }
@@ -172,14 +222,16 @@ int csimd_max_threads(void) {
 #if CSIMD_X86
 #define CALL(fn, ...)                                                      \
     switch (csimd_get_isa()) {                                             \
-    case 2: fn##_avx512(__VA_ARGS__); break;                               \
-    case 1: fn##_avx2(__VA_ARGS__); break;                                 \
+    case CSIMD_ISA_AVX512: fn##_avx512(__VA_ARGS__); break;                \
+    case CSIMD_ISA_AVX2:                                                   \
+    case CSIMD_ISA_AVXVNNI: fn##_avx2(__VA_ARGS__); break;                 \
     default: fn##_scalar(__VA_ARGS__); break;                              \
     }
 #define CALL_RC(rc, fn, ...)                                               \
     switch (csimd_get_isa()) {                                             \
-    case 2: rc = fn##_avx512(__VA_ARGS__); break;                          \
-    case 1: rc = fn##_avx2(__VA_ARGS__); break;                            \
+    case CSIMD_ISA_AVX512: rc = fn##_avx512(__VA_ARGS__); break;           \
+    case CSIMD_ISA_AVX2:                                                   \
+    case CSIMD_ISA_AVXVNNI: rc = fn##_avx2(__VA_ARGS__); break;            \
     default: rc = fn##_scalar(__VA_ARGS__); break;                         \
     }
 #else

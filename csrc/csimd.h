@@ -5,7 +5,13 @@
 
 /* bumped with every change of a function's signature or meaning: the Python side refuses a build
    from other sources (same names, other arguments) instead of calling it wrongly */
-#define CSIMD_ABI_VERSION 4
+#define CSIMD_ABI_VERSION 5
+
+/* instruction-set paths (csimd_cpu_isa, csimd_set_isa); the numbers are not an order */
+#define CSIMD_ISA_SCALAR 0  /* 16-byte GCC vectors: SSE2 on x86-64, NEON on arm64 without the extensions below */
+#define CSIMD_ISA_AVX2 1    /* AVX2 + FMA + F16C */
+#define CSIMD_ISA_AVX512 2  /* AVX-512F (the quantized kernels: with BW and VNNI, else the AVX-VNNI or AVX2 copy) */
+#define CSIMD_ISA_AVXVNNI 3 /* AVX2 + AVX-VNNI: the AVX2 kernels, the quantized ones with vpdpbusd on ymm */
 
 /* element types */
 #define CSIMD_F32 0
@@ -25,7 +31,8 @@ typedef struct {
 } csimd_tensor;
 
 int csimd_abi_version(void);   /* CSIMD_ABI_VERSION: changes whenever a signature below changes */
-int csimd_cpu_isa(void);        /* best ISA this CPU runs: 0 scalar, 1 avx2+fma+f16c, 2 avx512 */
+int csimd_cpu_isa(void);        /* the best CSIMD_ISA_* path this CPU runs */
+int csimd_isa_runs(int isa);    /* 1 when this CPU runs path isa, else 0 */
 int csimd_set_isa(int isa);     /* returns 0, or -1 when the CPU cannot run it */
 int csimd_get_isa(void);
 int csimd_has_openmp(void);

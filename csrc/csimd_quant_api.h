@@ -1,26 +1,23 @@
 /* Entry points of the quantized kernels (declared in csimd.h), included at the end of csimd.c.
    The quantized kernels run the AVX-512 copy only where the CPU also has AVX512BW and VNNI; an
-   AVX-512F-only CPU runs their AVX2 copy. */
+   AVX-512F-only CPU runs their AVX-VNNI or AVX2 copy. */
 
 static int q_isa(void) {
     int isa = csimd_get_isa();
 #if CSIMD_X86
-    if (isa == 2 && !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))) isa = 1;
+    if (isa == CSIMD_ISA_AVX512 && !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")))
+        isa = isa_runs(CSIMD_ISA_AVXVNNI) ? CSIMD_ISA_AVXVNNI : CSIMD_ISA_AVX2;
 #endif
     return isa;
 }
 
 #if CSIMD_X86
-#define QCALL_RC(rc, fn, ...)                                              \
-    switch (q_isa()) {                                                     \
-    case 2: rc = fn##_avx512(__VA_ARGS__); break;                          \
-    case 1: rc = fn##_avx2(__VA_ARGS__); break;                            \
-    default: rc = fn##_scalar(__VA_ARGS__); break;                         \
-    }
+#define QCALL_RC(rc, fn, ...) QCALL(rc = fn, __VA_ARGS__)
 #define QCALL(fn, ...)                                                     \
     switch (q_isa()) {                                                     \
-    case 2: fn##_avx512(__VA_ARGS__); break;                               \
-    case 1: fn##_avx2(__VA_ARGS__); break;                                 \
+    case CSIMD_ISA_AVX512: fn##_avx512(__VA_ARGS__); break;                \
+    case CSIMD_ISA_AVXVNNI: fn##_avxvnni(__VA_ARGS__); break;              \
+    case CSIMD_ISA_AVX2: fn##_avx2(__VA_ARGS__); break;                    \
     default: fn##_scalar(__VA_ARGS__); break;                              \
     }
 #else

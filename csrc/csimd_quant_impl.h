@@ -750,6 +750,28 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
 }
 
 /* ------------------------------------------------------------ integer dot products */
+/* a fused matrix-vector kernel fn called with R (1..4) a constant, so its row loops unroll */
+#define Q_GEMV_ROWS(fn, t, wr, R, K, a, out, pf)       \
+    switch (R) {                                        \
+    case 4: FN(fn)(t, wr, 4, K, a, out, pf); break;     \
+    case 3: FN(fn)(t, wr, 3, K, a, out, pf); break;     \
+    case 2: FN(fn)(t, wr, 2, K, a, out, pf); break;     \
+    default: FN(fn)(t, wr, 1, K, a, out, pf); break;    \
+    }
+
+#if ISA_LEVEL == 1
+/* acc + the sums of each four adjacent products u * s (unsigned u, signed s bytes), for inputs whose pair
+   sums fit int16 (maddubs saturates there; callers pass |w| and a with w's sign, or small unsigned
+   weights): AVX-VNNI's vpdpbusd in one instruction (exact in int32), else maddubs then madd by ones */
+QATTR static inline __m256i FN(q_dp4)(__m256i acc, __m256i u, __m256i s) {
+#if CSIMD_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+#endif
+
 /* out[r] = w[r] . a for R (1..4) decoded weight rows against one activation row */
 QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out) {
 #if ISA_LEVEL == 2
@@ -769,7 +791,6 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 #elif ISA_LEVEL == 1
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t k = 0; k < kp; k += 32) {
         const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
         const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
@@ -778,8 +799,7 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
             if (r >= R) break;
             const __m256i wv = _mm256_loadu_si256((const __m256i *)(w[r].q + k));
             /* |w| * (a with w's sign): unsigned x signed pairs, at most 2 * 128 * 127 (no saturation) */
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-            const __m256i s = _mm256_madd_epi16(p, ones);
+            const __m256i s = FN(q_dp4)(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
             const __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(w[r].ls + k / 4), as);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), sc, acc[r]);
         }
@@ -854,6 +874,8 @@ QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
    integers as on the AVX-512 path: maddubs of the unsigned stored values and the activations (pairs,
    16 bits: Q4_K 2 * 15 * 128, Q6_K 2 * 63 * 128), less Q6_K's 32 * (pair sums), then madd by the
    scales broadcast from a register (pshufb) and one float multiply-add per super-block. */
+#ifndef CSIMD_K_AVX2_TABLES /* data, not code: once for the AVX2 and AVX-VNNI copies */
+#define CSIMD_K_AVX2_TABLES
 static const uint8_t q_k4_bcast[8][32] __attribute__((aligned(32))) = { /* all 16 lanes: int16 j of 8 */
 #define Q_B2(j) 2 * (j), 2 * (j) + 1
 #define Q_B16(j) Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j)
@@ -865,6 +887,7 @@ static const uint8_t q_k6_pair[4][32] __attribute__((aligned(32))) = { /* low la
 #undef Q_B16
 #undef Q_B2
 };
+#endif
 
 QATTR static inline float FN(q_hsum256)(__m256 v) {
     const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -1147,14 +1170,6 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
 }
 
-#define Q_GEMV_ROWS(fn, t, wr, R, K, a, out, pf)       \
-    switch (R) {                                        \
-    case 4: FN(fn)(t, wr, 4, K, a, out, pf); break;     \
-    case 3: FN(fn)(t, wr, 3, K, a, out, pf); break;     \
-    case 2: FN(fn)(t, wr, 2, K, a, out, pf); break;     \
-    default: FN(fn)(t, wr, 1, K, a, out, pf); break;    \
-    }
-
 /* out[r] = wr[r] . a for R (1..4) rows of K elements (Q4_0, Q5_0, Q8_0: K a multiple of 64; Q4_K, Q6_K);
    0: not handled here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
@@ -1186,14 +1201,39 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 #endif
 
 #if ISA_LEVEL == 1
-/* acc + one block (32 weights of Q4_0, Q5_0 or Q8_0 at b, activations from k) on AVX2 */
-QATTR static inline __m256 FN(q_block_fma)(int t, const uint8_t *b, const q_arow *a, int64_t k, __m256 acc) {
-    const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
-    const __m256i wv = FN(q_block_s8)(t, b);
-    /* |w| * (a with w's sign): unsigned x signed pairs, at most 2 * 128 * 127 (no saturation) */
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-    const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), _mm256_loadu_ps(a->ls + k / 4));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))), sc, acc);
+/* Q4_0, Q5_0 and Q8_0 rows against one Q8_0 activation row on AVX2, R (1..4) weight rows per pass (the
+   activation loads shared, R independent chains of multiply-adds): per block the weights unpacked to
+   signed bytes, |w| times (a with w's sign) (pairs at most 2 * 128 * 127: no saturation) summed in
+   four-product lanes (q_dp4), one float multiply-add with d_w * d_a. pf: as the AVX-512 kernel's. */
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
+                                                                        const int R, int64_t K, const q_arow *a,
+                                                                        float *out, const int64_t pf) {
+    const int64_t bb = q_block_bytes(t);
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {
+        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
+        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + (k / 32) * bb;
+            if (pf && (k & 63) == 0) _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+            const __m256i wv = FN(q_block_s8)(t, b);
+            const __m256i p = FN(q_dp4)(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), as), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum256)(acc[r]);
+}
+
+/* out[r] = wr[r] . a for R (1..4) rows of Q4_0, Q5_0 or Q8_0; 0: another format (not handled here) */
+QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
+                              int64_t pf) {
+    if (t == Q_Q4_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_0, wr, R, K, a, out, pf) return 1; }
+    if (t == Q_Q5_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_0, wr, R, K, a, out, pf) return 1; }
+    if (t == Q_Q8_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1; }
+    return 0;
 }
 #endif
 
@@ -1206,22 +1246,7 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
             out[r] = t == Q_Q4_K ? FN(q_gemv_q4k_row)(wr[r], K / 256, a) : FN(q_gemv_q6k_row)(wr[r], K / 256, a);
         return 1;
     }
-    if (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0) return 0;
-    const int64_t bb = q_block_bytes(t);
-    for (int r = 0; r < R; r++) {
-        /* Q8_0: four accumulators, so consecutive blocks do not wait on each other's fma (0.82x -> 0.92x ggml
-           at 1x2048x2048, AVX2 path); Q4_0/Q5_0 measured slower so (0.79x -> 0.71x): one, block after block */
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        int64_t k = 0;
-        if (t == Q_Q8_0)
-            for (; k + 128 <= K; k += 128)
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++)
-                    acc[i] = FN(q_block_fma)(t, wr[r] + (k / 32 + i) * bb, a, k + 32 * i, acc[i]);
-        for (; k < K; k += 32) acc[0] = FN(q_block_fma)(t, wr[r] + (k / 32) * bb, a, k, acc[0]);
-        out[r] = FN(q_hsum256)(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    }
-    return 1;
+    return FN(q_gemv_k)(t, wr, R, K, a, out, 0);
 #else
     (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
     return 0;
@@ -1232,7 +1257,9 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
    interleaved rows are four short streams, which the hardware prefetchers follow poorly when the weights
    come from memory (measured: Q6_K 1x2048x32768 at 0.45x ggml against 1.2x row by row), so these calls
    prefetch (to L2) the rows three passes ahead (then 1.5x). */
-#define Q_DIRECT_ROWS(t) (ISA_LEVEL == 2 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K) ? 4 : 1)
+#define Q_DIRECT_ROWS(t)                                                                                \
+    ((ISA_LEVEL == 2 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K)) || \
+     (ISA_LEVEL == 1 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0)) ? 4 : 1)
 #define QM_DIRECT 1 /* activation rows per tile up to which weights are read straight from their blocks (2 measured slower) */
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
@@ -1315,7 +1342,7 @@ QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, con
                 q_arow ar;
                 q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
                 float o[4];
-#if ISA_LEVEL == 2
+#if ISA_LEVEL >= 1
                 if (Q_DIRECT_ROWS(qa) > 1) /* prefetched: the rows 3 passes ahead, if the matrix has them */
                     done = FN(q_gemv_k)(qa, wr, R, K, &ar, o, m + 4 * R <= M ? 3 * R * wnb1 : 0) ||
                            FN(q_dot_direct)(qa, wr, R, K, &ar, o);

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # root by an old build would otherwise shadow the installed entry points (the current directory
 # comes first on sys.path for `python -c` and `python -m`).
 RUN_DIR = str(Path(__file__).resolve().parent)
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "avxvnni", "neon", "dotprod", "i8mm")  # CSIMD_ISA_* order
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -47,7 +47,7 @@ def _need_available():
 def _cpu_isas() -> list[str]:
     _need_available()
     from prism_csimd import kernels
-    return list(ISAS[: kernels._state["lib"].csimd_cpu_isa() + 1])
+    return [n for i, n in enumerate(ISAS) if kernels._state["lib"].csimd_isa_runs(i)]
 
 
 def test_discovered_via_entry_point():
@@ -84,15 +84,16 @@ def test_unavailable_with_reason_does_not_break_other_backends(env, needle):
     assert r.returncode == 0 and "UNAVAILABLE" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_higher_path_than_the_cpu_runs_is_refused():
+def test_a_path_the_cpu_does_not_run_is_refused():
     have = _cpu_isas()
     if len(have) == len(ISAS):
         pytest.skip("this CPU runs every path")
     code = ("import prism_core as pc; i = next(i for i in pc.backends() if i.name == 'csimd'); "
             "print(i.available, i.reason)")
-    r = subprocess.run([sys.executable, "-c", code], env=_env(PRISM_CSIMD_ISA=ISAS[-1]), cwd=RUN_DIR,
+    missing = next(n for n in ISAS if n not in have)
+    r = subprocess.run([sys.executable, "-c", code], env=_env(PRISM_CSIMD_ISA=missing), cwd=RUN_DIR,
                        capture_output=True, text=True, timeout=120)
-    assert r.stdout.startswith("False") and "asks for more than this CPU runs" in r.stdout, r.stdout + r.stderr
+    assert r.stdout.startswith("False") and "asks for a path this CPU does not run" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("mode", ["forward", "grad"])

@@ -6,9 +6,9 @@ compiler is present; without it the backend is still listed, as unavailable with
 
 Environment:
 
-* ``PRISM_CSIMD_ISA=scalar|avx2|avx512``: force an instruction-set path no higher than the
-  CPU's (default: the best the CPU runs). ``prism info`` shows the active one in the version
-  string (``0.1.0+avx512``).
+* ``PRISM_CSIMD_ISA=scalar|avx2|avxvnni|avx512`` (x86) or ``scalar|neon|dotprod|i8mm`` (arm64): force
+  an instruction-set path the CPU runs (default: the best it runs). ``prism info`` shows the active
+  one in the version string (``0.1.0+avx512``).
 * ``PRISM_NUM_THREADS=n``: OpenMP threads per kernel (default: all cores); nodes with little
   work run on one thread (``PRISM_CSIMD_SERIAL_WORK``, default 32768 elementary steps).
 * ``PRISM_ADAPTIVE_THREADS=1|0``: with 1 (the default), parallel kernels take fewer threads while
@@ -33,7 +33,7 @@ import numpy as np
 import prism_core
 from prism_core import Tensor, contention
 from prism_core.ops.gelu_tables import gelu_f16_table, gelu_quick_f16_table
-from prism_core.settings import env_int, requested_threads
+from prism_core.settings import env_choice, env_int, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, TABLE
@@ -44,14 +44,15 @@ ENV_ISA = "PRISM_CSIMD_ISA"
 ENV_LIBRARY = "PRISM_CSIMD_LIBRARY"
 ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
-ISA_NAMES = ("scalar", "avx2", "avx512")
-ABI_VERSION = 4  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+#: the paths by their CSIMD_ISA_* numbers (csrc/csimd.h)
+ISA_NAMES = ("scalar", "avx2", "avx512", "avxvnni", "neon", "dotprod", "i8mm")
+ABI_VERSION = 5  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
 # every C entry point the kernels call: an extension built from older sources is refused whole
 REQUIRED_FUNCTIONS = (
-    "csimd_abi_version", "csimd_cpu_isa", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
+    "csimd_abi_version", "csimd_cpu_isa", "csimd_isa_runs", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
     "csimd_set_adaptive_threads", "csimd_thread_watch_look", "csimd_binary",
     "csimd_unary", "csimd_set_gelu_tables",
     "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
@@ -122,16 +123,15 @@ def _setup() -> tuple[bool, str]:
                        f"version {lib.csimd_abi_version()}, this package needs {ABI_VERSION}); reinstall prism-tensor "
                        "to rebuild it")
     cpu = lib.csimd_cpu_isa()
-    raw = os.environ.get(ENV_ISA, "").strip().lower()
-    if raw:
-        if raw not in ISA_NAMES:
-            return False, f"{ENV_ISA}={raw!r} is not one of {', '.join(ISA_NAMES)}"
-        want = ISA_NAMES.index(raw)
-        if want > cpu:
-            return False, (f"{ENV_ISA}={raw} asks for more than this CPU runs "
-                           f"(best path here: {ISA_NAMES[cpu]})")
-    else:
-        want = cpu
+    try:
+        raw = env_choice(ENV_ISA, ISA_NAMES, ISA_NAMES[cpu])
+    except ValueError as e:
+        return False, str(e)
+    want = ISA_NAMES.index(raw)
+    if not lib.csimd_isa_runs(want):
+        runs = [n for i, n in enumerate(ISA_NAMES) if lib.csimd_isa_runs(i)]
+        return False, (f"{ENV_ISA}={raw} asks for a path this CPU does not run "
+                       f"(best path here: {ISA_NAMES[cpu]}; it runs {', '.join(runs)})")
     if lib.csimd_set_isa(want) != 0:
         return False, f"the CPU cannot run the {ISA_NAMES[want]} path"
     try:

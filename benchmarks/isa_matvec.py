@@ -1,0 +1,110 @@
+"""Quantized matrix-vector products per format and per instruction-set path, beside ggml.
+
+``python -m benchmarks.isa_matvec [--formats Q4_0,Q6_K] [--rounds 5]``: 1 x 2048 x 2048 (one
+activation row), one thread, every csimd path this CPU runs (``PRISM_CSIMD_ISA``: scalar, avx2,
+avxvnni, avx512), numba's integer path as this process compiled it (its ISA is fixed at import:
+run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for another), and ggml's CPU backend
+(ggml-python, as built for this machine). GOPS (2 * k * m per product), best of ``--rounds``
+interleaved rounds, each the mean of enough calls to fill 0.1 s. Timings depend on the machine's
+load: take them under ``flock /work/coord/bench.lock`` on a shared one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import prism_core as pc
+from prism_core.types import GGMLType, traits
+
+from .quantized import GgmlMulMat, ggml, weight_blocks
+
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+           "MXFP4")
+ISAS = ("scalar", "avx2", "avxvnni", "avx512")
+
+
+def _rate(fn, ops: float) -> float:
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt > 0.1:
+            return ops * n / dt / 1e9
+
+
+def _csimd_paths() -> list[str]:
+    be = pc.backend("csimd")
+    from prism_csimd import ISA_NAMES, kernels
+    runs = [n for n in ISAS if kernels._state["lib"].csimd_isa_runs(ISA_NAMES.index(n))]
+    be.availability()
+    return runs
+
+
+def _set_isa(isa: str) -> None:
+    os.environ["PRISM_CSIMD_ISA"] = isa
+    ok, why = pc.backend("csimd").availability()
+    assert ok, why
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--m", type=int, default=2048)
+    args = ap.parse_args(argv)
+    os.environ["PRISM_NUM_THREADS"] = "1"
+    rng = np.random.default_rng(0)
+    k, m = args.k, args.m
+    ops = 2.0 * k * m
+    isas = _csimd_paths()
+    from prism_numba import _qvec
+    cols = (["ggml"] if ggml is not None else []) + [f"csimd:{i}" for i in isas] + [f"numba:{_qvec.MODE}"]
+    print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds); ratios against ggml")
+    print(f"{'format':<8}" + "".join(f"{c:>22}" for c in cols))
+    for name in args.formats.split(","):
+        t = GGMLType[name]
+        if k % traits(t).blck_size:
+            continue
+        blocks = weight_blocks(t, m, k, rng)
+        x = rng.standard_normal((1, k), dtype=np.float32)
+        ctx = pc.Context(mem_size=blocks.nbytes + x.nbytes + 4 * m + (1 << 24))
+        w = ctx.new_tensor(t, (k, m)).set_raw(blocks)
+        y = pc.mul_mat(w, ctx.from_numpy(x)).set_output()
+        runners: dict[str, object] = {}
+        if ggml is not None:
+            runners["ggml"] = GgmlMulMat(t, blocks, x, 1)
+        for isa in isas:
+            _set_isa(isa)
+            runners[f"csimd:{isa}"] = (isa, pc.plan(y, "csimd", strict=True).compute)
+        try:
+            runners[f"numba:{_qvec.MODE}"] = pc.plan(y, "numba", strict=True).compute
+        except pc.PrismError as e:  # a format numba refuses
+            print(f"  numba: {e}")
+        best: dict[str, float] = {}
+        for _ in range(args.rounds):
+            for c, r in runners.items():
+                if isinstance(r, tuple):
+                    _set_isa(r[0])
+                    r = r[1]
+                best[c] = max(best.get(c, 0.0), _rate(r, ops))
+        base = best.get("ggml")
+        cells = []
+        for c in cols:
+            v = best.get(c)
+            cells.append("-" if v is None else f"{v:7.1f}" + (f" ({v / base:4.2f}x)" if base and c != "ggml" else ""))
+        print(f"{name:<8}" + "".join(f"{s:>22}" for s in cells))
+        if ggml is not None:
+            runners["ggml"].close()
+    os.environ.pop("PRISM_CSIMD_ISA", None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
