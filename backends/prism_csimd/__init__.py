@@ -52,7 +52,8 @@ _loaded: dict[str, object] = {}
 
 # every C entry point the kernels call: an extension built from older sources is refused whole
 REQUIRED_FUNCTIONS = (
-    "csimd_abi_version", "csimd_cpu_isa", "csimd_isa_runs", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp", "csimd_max_threads",
+    "csimd_abi_version", "csimd_cpu_isa", "csimd_isa_runs", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp",
+    "csimd_max_threads",
     "csimd_set_adaptive_threads", "csimd_thread_watch_look", "csimd_binary",
     "csimd_unary", "csimd_set_gelu_tables",
     "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
