@@ -52,17 +52,49 @@ __attribute__((target("avx2,fma"))) double fma_avx2(int64_t iters) {
     }
     return s;
 }
+/* the portable path's limit (csimd's scalar copy: 16-byte SSE2 vectors, multiply and add apart) */
+double fma_sse(int64_t iters) {
+    __m128 acc[12];
+    const __m128 m = _mm_set1_ps(0.999999f), a = _mm_set1_ps(1e-6f);
+    for (int j = 0; j < 12; j++) acc[j] = _mm_set1_ps((float)j);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
+        for (int j = 0; j < 12; j++) acc[j] = _mm_add_ps(_mm_mul_ps(acc[j], m), a);
+    float t[4];
+    double s = 0;
+    for (int j = 0; j < 12; j++) {
+        _mm_storeu_ps(t, acc[j]);
+        for (int l = 0; l < 4; l++) s += t[l];
+    }
+    return s;
+}
+/* n floats copied with the ISA's widest loads and stores (n a multiple of 16) */
+__attribute__((target("avx512f"))) void copy_avx512(float *d, const float *s, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(d + i, _mm512_loadu_ps(s + i));
+}
+__attribute__((target("avx2"))) void copy_avx2(float *d, const float *s, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(s + i));
+}
+void copy_sse(float *d, const float *s, int64_t n) {
+    for (int64_t i = 0; i < n; i += 4) _mm_storeu_ps(d + i, _mm_loadu_ps(s + i));
+}
+void run_copy(int isa, float *d, const float *s, int64_t n) {
+    if (isa == 2) copy_avx512(d, s, n); else if (isa == 1) copy_avx2(d, s, n); else copy_sse(d, s, n);
+}
 /* FLOPs per iteration of each kernel, 0 when this CPU lacks the ISA */
 int64_t flops_per_iter(int isa) {
     __builtin_cpu_init();
     if (isa == 2) return __builtin_cpu_supports("avx512f") ? 16 * 2 * CHAINS : 0;
     if (isa == 1) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 12 * 8 * 2 : 0;
-    return 0;
+    return 12 * 4 * 2;
 }
-double run_fma(int isa, int64_t iters) { return isa == 2 ? fma_avx512(iters) : fma_avx2(iters); }
+double run_fma(int isa, int64_t iters) {
+    return isa == 2 ? fma_avx512(iters) : isa == 1 ? fma_avx2(iters) : fma_sse(iters);
+}
 #else
 int64_t flops_per_iter(int isa) { (void)isa; return 0; }
 double run_fma(int isa, int64_t iters) { (void)isa; (void)iters; return 0; }
+void run_copy(int isa, float *d, const float *s, int64_t n) { (void)isa; for (int64_t i = 0; i < n; i++) d[i] = s[i]; }
 #endif
 /* bytes summed: a read-bandwidth stream over n floats */
 double read_sum(const float *p, int64_t n) {
@@ -75,7 +107,7 @@ double read_sum(const float *p, int64_t n) {
 }
 """
 
-_ISA_NAMES = {2: "AVX-512", 1: "AVX2+FMA"}
+_ISA_NAMES = {2: "AVX-512", 1: "AVX2+FMA", 0: "SSE2 (csimd's portable path)"}
 _lib_cache: list = []
 
 
@@ -103,6 +135,8 @@ def _kernel_lib() -> ctypes.CDLL | None:
             lib.flops_per_iter.argtypes, lib.flops_per_iter.restype = [ctypes.c_int], ctypes.c_int64
             lib.run_fma.argtypes, lib.run_fma.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_double
             lib.read_sum.argtypes, lib.read_sum.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_double
+            lib.run_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+            lib.run_copy.restype = None
     _lib_cache.append(lib)
     return lib
 
@@ -129,7 +163,7 @@ def _on_every_core(works: list) -> list[float]:
 
 
 def fma_peak_gflops(isa: int, threads: int | None = None, repeats: int = 5) -> float:
-    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2) on `threads` cores
+    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2, 0 SSE2 multiply + add) on `threads` cores
     at once (default: all), each core's best run over its own CPU time, summed; NaN when the CPU
     lacks the ISA or no C compiler is present."""
     lib = _kernel_lib()
@@ -198,3 +232,35 @@ def _time(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def isa_copy_gbs(isa: int, nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """GB/s (read + written) of one thread copying nbytes with `isa`'s widest vectors (2 AVX-512,
+    1 AVX2, 0 SSE2); NaN without the C kernels or the ISA."""
+    lib = _kernel_lib()
+    if lib is None or not lib.flops_per_iter(isa):
+        return float("nan")
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    run = lambda: lib.run_copy(isa, dst.ctypes.data, src.ctypes.data, src.size)  # noqa: E731
+    run()
+    return 2 * nbytes / min(_time(run) for _ in range(repeats)) / 1e9
+
+
+def limits_per_isa(threads: int | None = None) -> list[tuple[str, float, float, float]]:
+    """(ISA, FP32 GFLOPS on one core, on `threads` cores, one thread's copy GB/s) for each ISA this
+    CPU runs, widest first: the limit beside each path's ratios (csimd's avx512, avx2/avxvnni and
+    scalar paths compute with these widths)."""
+    out = []
+    for isa in (2, 1, 0):
+        one = fma_peak_gflops(isa, 1)
+        if one == one:
+            out.append((_ISA_NAMES[isa], one, fma_peak_gflops(isa, threads), isa_copy_gbs(isa)))
+    return out
+
+
+if __name__ == "__main__":
+    print("per ISA: FP32 peak (FMA chains in registers) and one thread's copy bandwidth")
+    print(f"{'ISA':<30}{'GFLOPS 1 core':>15}{'all cores':>12}{'copy GB/s':>12}")
+    for name, one, every, copy in limits_per_isa():
+        print(f"{name:<30}{one:15.1f}{every:12.1f}{copy:12.1f}")
