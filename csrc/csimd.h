@@ -5,7 +5,7 @@
 
 /* bumped with every change of a function's signature or meaning: the Python side refuses a build
    from other sources (same names, other arguments) instead of calling it wrongly */
-#define CSIMD_ABI_VERSION 5
+#define CSIMD_ABI_VERSION 6
 
 /* instruction-set paths (csimd_cpu_isa, csimd_set_isa); the numbers are not an order */
 #define CSIMD_ISA_SCALAR 0  /* 16-byte GCC vectors: SSE2 on x86-64, NEON on arm64 without the extensions below */
@@ -105,6 +105,13 @@ int csimd_q_isa(void);          /* the path the quantized kernels run: AVX-512 n
 int csimd_q_info(int t, int *block_elems, int *block_bytes, int *has_quantizer);
 int csimd_q_dequantize(int t, const void *src, float *dst, int64_t n, int nth);
 int csimd_q_quantize(int t, int mode, const float *src, void *dst, int64_t n, int nth);
+/* nrows rows of n_per_row floats to block type t: mode 0 as ggml's CPU from_float, 1 its reference quantizer,
+   2 ggml_quantize_chunk (llama-quantize's quantizers) with importance weights imatrix (n_per_row floats; NULL:
+   none; modes 0 and 1 take none). 0, -1 for bad arguments or no such quantizer, -2 for a type that needs an
+   importance matrix and got none */
+int csimd_q_quantize_rows(int t, int mode, const float *src, void *dst, int64_t nrows, int64_t n_per_row,
+                          const float *imatrix, int nth);
+int csimd_q_row_quantizer(int t, int mode); /* 1: csimd_q_quantize_rows writes t in mode, 2: with an imatrix, 0: no */
 int csimd_q_vec_dot(int wt, const void *w, int at, const void *a, int64_t k, int64_t rows, float *out);
 int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int at, int nth);
 int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,

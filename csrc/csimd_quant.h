@@ -322,8 +322,8 @@ static void q_quant_tq1_0(const float *x, uint8_t *y) {
     q_put_f16(y + 52, d);
 }
 
-/* ggml's make_qx_quants with rmse_type 1 and no importance weights (weights x^2): L[i] in 0..2*nmax-1,
-   returns the scale; 18 further scales tried around -nmax/max. Float operations in ggml's order. */
+/* ggml's make_qx_quants with rmse_type 1: L[i] in 0..2*nmax-1, returns the scale; 18 further scales tried
+   around -nmax/max. qw: the importance weights, NULL for ggml's default x^2. Float operations in ggml's order. */
 #define Q_GROUP_MAX_EPS 1e-15f
 /* *max = the group's element of largest magnitude; a group whose magnitude is below Q_GROUP_MAX_EPS gets
    all-zero quants and returns 1 (its scale is 0) */
@@ -335,7 +335,7 @@ static inline int q_group_is_empty(int n, const float *x, int8_t *L, float *max)
     return 1;
 }
 __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
-                                                                                 int8_t *L) {
+                                                                                 const float *qw, int8_t *L) {
     float max;
     if (q_group_is_empty(n, x, L, &max)) return 0.0f;
     float iscale = -(float)nmax / max, sumlx = 0.0f, suml2 = 0.0f;
@@ -343,7 +343,7 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1
         int l = q_nearest_int(iscale * x[i]);
         l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
         L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
+        const float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * (float)l;
         suml2 += w * (float)l * (float)l;
     }
@@ -355,7 +355,7 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1
         for (int i = 0; i < n; i++) {
             int l = q_nearest_int(iscale * x[i]);
             l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
-            const float w = x[i] * x[i];
+            const float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * (float)l;
             suml2 += w * (float)l * (float)l;
         }
@@ -371,13 +371,14 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1
     return scale;
 }
 
-/* Q6_K as ggml's quantize_row_q6_K_ref: per group of 16 the search above, 8-bit group scales
+/* Q6_K as ggml's quantize_row_q6_K_ref (qw NULL) or quantize_q6_K with importance weights qw (the block's
+   256; the group search takes them as they are): per group of 16 the search above, 8-bit group scales
    relative to the largest, then each value requantized against its rounded scale */
-__attribute__((optimize("fp-contract=off"))) static void q_quant_q6_k(const float *x, uint8_t *y) {
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q6_k(const float *x, uint8_t *y, const float *qw) {
     int8_t L[256];
     float scales[16], max_scale = 0.0f, max_abs_scale = 0.0f;
     for (int ib = 0; ib < 16; ib++) {
-        const float scale = q_make_qx_quants_rmse1(16, 32, x + 16 * ib, L + 16 * ib);
+        const float scale = q_make_qx_quants_rmse1(16, 32, x + 16 * ib, qw ? qw + 16 * ib : NULL, L + 16 * ib);
         scales[ib] = scale;
         const float abs_scale = fabsf(scale);
         if (abs_scale > max_abs_scale) { max_abs_scale = abs_scale; max_scale = scale; }
@@ -596,13 +597,13 @@ static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     case Q_MXFP4: q_quant_mxfp4(x, y); return 0;
     case Q_TQ1_0: q_quant_tq1_0(x, y); return 0;
     case Q_TQ2_0: q_quant_tq2_0(x, y); return 0;
-    case Q_Q6_K: q_quant_q6_k(x, y); return 0;
+    case Q_Q6_K: q_quant_q6_k(x, y, NULL); return 0;
     case Q_Q2_K: q_quant_q2_k(x, y); return 0;
     case Q_Q4_K: q_quant_q4q5_k(x, y, 0); return 0;
     case Q_Q5_K: q_quant_q4q5_k(x, y, 1); return 0;
     case Q_Q3_K: q_quant_q3_k(x, y); return 0;
     case Q_IQ4_NL: q_quant_iq4_nl(x, y); return 0;
-    case Q_IQ4_XS: q_quant_iq4_xs(x, y); return 0;
+    case Q_IQ4_XS: q_quant_iq4_xs(x, y, NULL); return 0;
     default: return -1;
     }
 }
@@ -612,4 +613,6 @@ static inline int q_has_quantizer(int t) {
            t == Q_MXFP4 || t == Q_TQ1_0 || t == Q_TQ2_0 || t == Q_Q2_K || t == Q_Q4_K || t == Q_Q5_K || t == Q_Q6_K ||
            t == Q_Q3_K || t == Q_IQ4_NL || t == Q_IQ4_XS;
 }
+
+#include "csimd_quantize_rows.h" /* whole rows: the references, ggml_quantize_chunk (importance weights, IQ grids) */
 #endif

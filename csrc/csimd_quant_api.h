@@ -65,6 +65,34 @@ int csimd_q_quantize(int t, int mode, const float *src, void *dst, int64_t n, in
     return 0;
 }
 
+/* nrows rows of n_per_row floats to block type t, a row at a time (csimd_quantize_rows.h) */
+int csimd_q_quantize_rows(int t, int mode, const float *src, void *dst, int64_t nrows, int64_t n_per_row,
+                          const float *imatrix, int nth) {
+    const int be = q_block_elems(t);
+    if (!be || mode < Q_MODE_CPU || mode > Q_MODE_CHUNK || nrows < 0 || n_per_row <= 0 || n_per_row % be ||
+        (nrows && (!src || !dst)) || (imatrix && mode != Q_MODE_CHUNK))
+        return -1;
+    const int avail = q_row_quantizer(t, mode);
+    if (!avail) return -1;
+    if (avail == 2 && !imatrix) return -2;
+    const q_grid *g = NULL;
+    if (q_is_grid_type(t) && nrows && !(g = q_grid_ready(t))) return -1;
+    const int64_t rb = n_per_row / be * q_block_bytes(t);
+    int failed = 0;
+    nth = clamp_threads(nth);
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(dynamic, 1) if (nth > 1 && nrows > 1) reduction(| : failed)
+    for (int64_t r = 0; r < nrows; r++) {
+        const float *x = src + r * n_per_row;
+        uint8_t *y = (uint8_t *)dst + r * rb;
+        failed |= (mode == Q_MODE_CHUNK ? q_quantize_row_chunk(t, x, y, n_per_row, imatrix, g)
+                                        : q_quantize_row(t, mode, x, y, n_per_row, g)) != 0;
+    }
+    return failed ? -1 : 0;
+}
+
+int csimd_q_row_quantizer(int t, int mode) { return q_block_elems(t) ? q_row_quantizer(t, mode) : 0; }
+
 /* rows dot products of K elements: w rows of type wt, a rows already in the activation type at */
 int csimd_q_vec_dot(int wt, const void *w, int at, const void *a, int64_t K, int64_t rows, float *out) {
     const int bw = q_block_elems(wt), ba = q_block_elems(at);
@@ -257,9 +285,7 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
                 } else {
                     for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
                 }
-                uint8_t *o = (uint8_t *)ELT(d, 0, i1, i2, i3);
-                const int be = q_block_elems(qd), bb = q_block_bytes(qd);
-                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, o + ib * bb);
+                q_quantize_row(qd, mode, tmp, (uint8_t *)ELT(d, 0, i1, i2, i3), n0, NULL);
             }
         }
         free(tmp);
@@ -284,7 +310,6 @@ int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_t
                 const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
                 if (r < 0 || r >= d->ne[1]) return -1;
             }
-    const int be = q_block_elems(qd), bb = q_block_bytes(qd);
     int failed = 0;
     nth = clamp_threads(nth);
     if (!q_all_finite(b, nth)) return Q_NONFINITE;
@@ -300,7 +325,7 @@ int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_t
                 const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
                 for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ELT(b, e, i, j, k), b->type);
                 uint8_t *o = (uint8_t *)ELT(d, 0, r, j, k);
-                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, o + ib * bb);
+                q_quantize_row(qd, mode, tmp, o, n0, NULL);
             }
         }
         free(tmp);
@@ -413,7 +438,7 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
                 for (int64_t e = 0; e < n0; e++) bad |= q_nonfinite_bits(tmp[e]);
                 nonfinite |= bad;
                 if (bad) continue;
-                for (int64_t ib = 0; ib < n0 / be; ib++) q_quantize_block(qd, mode, tmp + ib * be, scratch + ir * rb + ib * bb);
+                q_quantize_row(qd, mode, tmp, scratch + ir * rb, n0, NULL);
             } else {
                 for (int64_t e = 0; e < n0; e++) memcpy(dr + e * d->nb[0], &tmp[e], 4);
             }

@@ -125,15 +125,15 @@ static inline int q_iq4_index(float x) {
     return x - (float)v[hi - 1] < (float)v[hi] - x ? hi - 1 : hi;
 }
 
-/* the per-32 search of ggml's quantize_row_iq4_nl_impl without importance weights (weight x^2):
+/* the per-32 search of ggml's quantize_row_iq4_nl_impl with weights qw (NULL: ggml's default x^2):
    indices against the scale max/values[0] (its sign flipped when ntry > 0), the least-squares scale of
    those, then 2*ntry + 1 candidate scales (itry + values[0])/max, the best fit kept. Returns the scale;
    *zero is set for a group whose largest magnitude is below Q_GROUP_MAX_EPS (L then untouched). */
-__attribute__((optimize("fp-contract=off"))) static float q_iq4_search(const float *x, int ntry, uint8_t *L,
-                                                                      int *zero) {
+__attribute__((optimize("fp-contract=off"))) static float q_iq4_search(const float *x, const float *qw, int ntry,
+                                                                      uint8_t *L, int *zero) {
     float amax, w[32];
     const float max = q_signed_absmax(32, x, &amax);
-    for (int j = 0; j < 32; j++) w[j] = x[j] * x[j];
+    for (int j = 0; j < 32; j++) w[j] = qw ? qw[j] : x[j] * x[j];
     *zero = amax < Q_GROUP_MAX_EPS;
     if (*zero) return 0.0f;
     const float v0 = (float)kvalues_iq4nl[0];
@@ -169,27 +169,43 @@ static inline void q_iq4_pack(const uint8_t *L, uint8_t *q) {
 }
 
 /* IQ4_NL: one block of 32, the search without candidate scales (ntry -1), d = fp16 of its scale. ggml
-   leaves an all-zero block's indices as its scratch buffer held them (d is 0, so they decode to 0);
-   as prism_core.quant, the index nearest 0 is written there. */
+   leaves an all-zero block's indices as its scratch buffer held them (d is 0, so they decode to 0): a
+   block on its own gets the index nearest 0 here; whole rows (q_quantize_row, csimd_quantize_rows.h)
+   repeat the previous block's, as ggml does. */
 static void q_quant_iq4_nl(const float *x, uint8_t *y) {
     uint8_t L[32];
     int zero;
-    const float d = q_iq4_search(x, -1, L, &zero);
+    const float d = q_iq4_search(x, NULL, -1, L, &zero);
     if (zero) memset(L, q_iq4_index(0.0f), sizeof L);
     q_put_f16(y, d);
     q_iq4_pack(L, y + 2);
 }
 
+/* ggml's importance weights of a group of n: qw[j] * sqrt(sigma2 + x[j]^2), sigma2 a second moment of the
+   enclosing block or row (each quantizer chooses which) */
+__attribute__((optimize("fp-contract=off"))) static inline void q_weights_sigma(int n, const float *x,
+                                                                               const float *qw, float sigma2,
+                                                                               float *w) {
+    for (int j = 0; j < n; j++) w[j] = qw[j] * sqrtf(sigma2 + x[j] * x[j]);
+}
+
 /* IQ4_XS: 8 groups of 32 searched with 15 candidate scales (ntry 7), signed 6-bit group scales against
    d = -(the scale of largest magnitude)/32 (float32 d, not its fp16), then every group's indices found
    again against its d*l. Block: d (fp16), scales_h (2 high bits of group j at bit 2j), scales_l[4]
-   (low nibbles, two groups a byte), qs[128]. */
-__attribute__((optimize("fp-contract=off"))) static void q_quant_iq4_xs(const float *x, uint8_t *y) {
+   (low nibbles, two groups a byte), qs[128]. qw: the block's 256 importance weights (quantize_iq4_xs with
+   an importance matrix; weights qw * sqrt(sigma2 + x^2), sigma2 = 2/256 of the block's sum of squares),
+   NULL for ggml's reference. */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_iq4_xs(const float *x, uint8_t *y, const float *qw) {
     uint8_t L[32];
-    float scales[8], max_scale = 0.0f, amax = 0.0f;
+    float scales[8], max_scale = 0.0f, amax = 0.0f, sigma2 = 0.0f, w[32];
+    if (qw) {
+        for (int j = 0; j < 256; j++) sigma2 += x[j] * x[j];
+        sigma2 *= 2.0f / 256;
+    }
     for (int ib = 0; ib < 8; ib++) {
         int zero;
-        scales[ib] = q_iq4_search(x + 32 * ib, 7, L, &zero);
+        if (qw) q_weights_sigma(32, x + 32 * ib, qw + 32 * ib, sigma2, w);
+        scales[ib] = q_iq4_search(x + 32 * ib, qw ? w : NULL, 7, L, &zero);
         const float a = fabsf(scales[ib]);
         if (a > amax) { amax = a; max_scale = scales[ib]; }
     }

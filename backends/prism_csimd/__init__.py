@@ -38,6 +38,7 @@ from prism_core.settings import env_choice, env_int, requested_threads
 from . import kernels as _k
 from .kernels import KERNELS, TABLE
 from .kernels_quant import dense_rows_refusal, quantizer_refusal
+from .kernels_quant import quantize_rows as _quantize_rows
 from .kernels_rope import rope_supported
 
 ENV_ISA = "PRISM_CSIMD_ISA"
@@ -46,7 +47,7 @@ ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 #: the paths by their CSIMD_ISA_* numbers (csrc/csimd.h)
 ISA_NAMES = ("scalar", "avx2", "avx512", "avxvnni", "neon", "dotprod", "i8mm")
-ABI_VERSION = 5  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+ABI_VERSION = 6  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
@@ -64,7 +65,8 @@ REQUIRED_FUNCTIONS = (
     "csimd_pool_2d_back",
     "csimd_flash_attn_ext", "csimd_conv_2d", "csimd_conv_transpose_1d",
     "csimd_rope", "csimd_upscale", "csimd_im2col_back",
-    "csimd_q_isa", "csimd_q_info", "csimd_q_dequantize", "csimd_q_quantize", "csimd_q_vec_dot", "csimd_q_mul_mat",
+    "csimd_q_isa", "csimd_q_info", "csimd_q_dequantize", "csimd_q_quantize", "csimd_q_quantize_rows",
+    "csimd_q_row_quantizer", "csimd_q_vec_dot", "csimd_q_mul_mat",
     "csimd_q_mul_mat_id", "csimd_q_get_rows", "csimd_q_cpy", "csimd_q_set_rows", "csimd_q_out_prod", "csimd_q_add",
 )
 
@@ -188,6 +190,12 @@ class CsimdBackend(prism_core.Backend):
 
     def prepare(self, node: Tensor):
         return _k.prepare(node)
+
+    def quantize_rows(self, rows: np.ndarray, type: prism_core.GGMLType, mode: str, imatrix: np.ndarray | None = None,
+                      threads: int | None = None) -> np.ndarray | None:
+        """ggml's quantizers in C (csrc/csimd_quantize_rows.h), for prism_core.quant."""
+        ok, _ = self.availability()
+        return _quantize_rows(rows, type, mode, imatrix, threads) if ok else None
 
     def refusal(self, node: Tensor) -> str:
         """Why csimd does not compute ``node`` ("" when it does); supports() derives from it."""

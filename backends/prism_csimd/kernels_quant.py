@@ -158,3 +158,34 @@ def _add(n: Tensor) -> None:
     keep: list = []
     rc = _lib().csimd_q_add(desc(a, keep), desc(b, keep), desc(n, keep), REFERENCE, _nth(8 * n.nelements))
     _check_quantized(rc, n, "ADD", lambda: _numpy_rows(a) + _numpy_rows(b))
+
+
+# ---------------------------------------------------------------- row quantizers for prism_core.quant
+ROW_MODES = {"ref": 1, "chunk": 2}  # csrc/csimd.h: csimd_q_quantize_rows' modes
+NEEDS_IMATRIX = -2  # csimd_q_quantize_rows: the type needs an importance matrix and got none
+
+
+def quantize_rows(rows: np.ndarray, type: GGMLType, mode: str, imatrix: np.ndarray | None,
+                  threads: int | None) -> np.ndarray | None:
+    """ggml's quantizers in C (csrc/csimd_quantize_rows.h) on float32 rows (nrows, n_per_row); None when C has
+    none for ``type`` in ``mode`` (see prism_core.plugin.base.Backend.quantize_rows)."""
+    if "lib" not in _state or mode not in ROW_MODES:
+        return None
+    lib, ffi = _state["lib"], _state["ffi"]
+    t, m = int(type), ROW_MODES[mode]
+    avail = lib.csimd_q_row_quantizer(t, m)
+    if avail == 0 or (avail == 2 and imatrix is None):
+        return None
+    tr = traits(type)
+    nrows, n = rows.shape
+    out = np.empty((nrows, n // tr.blck_size * tr.type_size), np.uint8)
+    if nrows == 0:
+        return out
+    qw = ffi.NULL if imatrix is None else ffi.from_buffer("float[]", imatrix)
+    nth = int(_state.get("threads", 1)) if threads is None else max(1, int(threads))
+    rc = lib.csimd_q_quantize_rows(t, m, ffi.from_buffer("float[]", rows), ffi.from_buffer("uint8_t[]", out),
+                                   nrows, n, qw, nth)
+    if rc == NEEDS_IMATRIX:
+        return None
+    _check(rc, f"quantizing to {tr.name}")
+    return out

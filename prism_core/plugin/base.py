@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
+import numpy as np
+
 from ..errors import Unsupported
 from ..tensor import Tensor
 from ..types import GGMLType
@@ -45,6 +47,16 @@ class Backend:
         """Optional: the seconds this process has spent compiling kernels so far (a JIT backend's first
         graphs); the model's timings report them apart from the prompt and decode speeds."""
         return 0.0
+
+    def quantize_rows(self, rows: np.ndarray, type: GGMLType, mode: str, imatrix: np.ndarray | None = None,
+                      threads: int | None = None) -> np.ndarray | None:
+        """Optional: ggml's quantizers on host rows, for :mod:`prism_core.quant` (which uses the first available
+        backend offering them, else its own NumPy ones). ``rows``: float32 (nrows, n_per_row), C-contiguous;
+        ``mode``: "ref" (ggml's ``quantize_row_*_ref``), "chunk" (``ggml_quantize_chunk``: llama-quantize's
+        quantizers, with the importance weights ``imatrix``, float32 (n_per_row,), or None). Returns uint8
+        (nrows, row bytes), bit for bit ggml's, or None when this backend has no quantizer for ``type`` in
+        that mode (the default: none). Inputs are finite and checked by the caller."""
+        return None
 
     def refusal(self, node: Tensor) -> str | None:
         """Optional: why this backend does not compute ``node``, in a few words ("" when it

@@ -10,20 +10,32 @@ the other operand of a quantized dot product.
 Where gguf.quants is exact it does the work (its quantizers for Q4_0..Q8_0, MXFP4,
 TQ1_0, TQ2_0, with ``legacy``'s signed-zero corrections; its dequantizers for every
 format but Q8_1 and Q8_K); the rest is in ``legacy``, ``kquants`` and ``iquants``.
+
+``quantize_chunk(rows, type, imatrix)`` is ggml_quantize_chunk, what llama-quantize writes: the
+reference quantizers, except that IQ4_NL tries 15 candidate scales, with importance-weighted
+searches when an importance matrix is given (``weighted``), and the lattice searches of IQ1_S,
+IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S.
+
+Both run in C when a backend offers ggml's quantizers (``Backend.quantize_rows``: csimd does),
+bit for bit as the NumPy code here; ``PRISM_QUANT=python`` (or ``numpy``) keeps them in NumPy,
+``PRISM_QUANT=NAME`` asks backend NAME. The lattice searches are C only (:data:`C_ONLY`): a NumPy
+port of their per-group neighbour searches would run at a few kB/s, so without such a backend
+they are refused with the reason.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import InvalidArgument, ShapeMismatch, TypeMismatch, Unsupported
 from ..types import GGMLType, TypeTraits, as_type, traits
-from . import iquants, kquants, legacy
+from . import iquants, kquants, legacy, weighted
 
-__all__ = ["quantize", "dequantize", "can_quantize", "can_dequantize", "quantize_activations",
-           "NEEDS_IMPORTANCE_MATRIX", "GRID_SEARCH_NOT_PORTED", "OUT_OF_SCOPE"]
+__all__ = ["quantize", "quantize_chunk", "dequantize", "can_quantize", "can_dequantize", "quantize_activations",
+           "row_quantizer", "NEEDS_IMPORTANCE_MATRIX", "GRID_SEARCH_NOT_PORTED", "C_ONLY", "OUT_OF_SCOPE"]
 
 G = GGMLType
 Codec = Callable[[np.ndarray], np.ndarray]
@@ -59,12 +71,18 @@ _ACTIVATIONS: dict[GGMLType, Codec] = {
     G.Q8_K: kquants.quantize_q8_K,  # ggml-cpu's x86 quantize_row_q8_K is the reference one
 }
 
-#: ggml's quantize_iq* for these assert an importance matrix (ggml_quantize_requires_imatrix);
-#: Prism dequantizes them only.
+#: ggml's quantize_iq* for these assert an importance matrix (ggml_quantize_requires_imatrix): no
+#: reference quantizer; quantize_chunk writes them given one.
 NEEDS_IMPORTANCE_MATRIX = frozenset({G.IQ2_XXS, G.IQ2_XS, G.IQ1_S})
 #: ggml quantizes these without an importance matrix too, by a search over the lattice grids that
-#: ggml_quantize_init builds; that search is not ported, Prism dequantizes them only.
+#: ggml_quantize_init builds (IQ1_M in ggml_quantize_chunk only: it has no reference entry point).
 GRID_SEARCH_NOT_PORTED = frozenset({G.IQ2_S, G.IQ3_XXS, G.IQ3_S, G.IQ1_M})
+#: The lattice searches, written in C only (csrc/csimd_quantize_grid.h): without a backend offering
+#: them (csimd), quantizing to these is refused.
+C_ONLY = NEEDS_IMPORTANCE_MATRIX | GRID_SEARCH_NOT_PORTED
+#: ggml's reference entry points (quantize_row_*_ref) among them: IQ1_M has none.
+_C_REFERENCE = frozenset({G.IQ2_S, G.IQ3_XXS, G.IQ3_S})
+ENV_QUANT = "PRISM_QUANT"
 #: Formats Prism does not quantize (NVFP4: dequantize only, via gguf) or handle at all (Q1_0, Q2_0).
 OUT_OF_SCOPE = frozenset({G.NVFP4, G.Q1_0, G.Q2_0})
 
@@ -84,7 +102,37 @@ def _quant_traits(t: GGMLType | int | str) -> TypeTraits:
 
 
 def can_quantize(type: GGMLType | int | str) -> bool:
+    """Whether ``quantize`` writes ``type`` in NumPy (the op table's writable block types); the C-only
+    lattice formats are not among them."""
     return as_type(type) in _QUANTIZERS
+
+
+def row_quantizer():
+    """The backend whose ``quantize_rows`` runs ggml's quantizers for this module, or None (NumPy):
+    ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them."""
+    choice = os.environ.get(ENV_QUANT, "").strip()
+    if choice.lower() in ("python", "numpy"):
+        return None
+    from ..plugin.base import Backend
+    from ..plugin.registry import REGISTRY
+    if choice:
+        return REGISTRY.get(choice)
+    for name in REGISTRY.names():
+        info = REGISTRY.info(name)
+        if info.available and type(info.backend).quantize_rows is not Backend.quantize_rows:
+            return info.backend
+    return None
+
+
+def _accelerated(rows: np.ndarray, tr: TypeTraits, mode: str, imatrix: np.ndarray | None,
+                 threads: int | None) -> np.ndarray | None:
+    """rows (.., n) quantized by the row-quantizing backend, shaped as quantize returns; None without one."""
+    b = row_quantizer()
+    if b is None:
+        return None
+    flat = rows.reshape(-1, rows.shape[-1])
+    out = b.quantize_rows(flat, tr.type, mode, imatrix, threads)
+    return None if out is None else out.reshape(*rows.shape[:-1], out.shape[-1])
 
 
 def can_dequantize(type: GGMLType | int | str) -> bool:
@@ -94,11 +142,13 @@ def can_dequantize(type: GGMLType | int | str) -> bool:
 def _refuse_quantize(tr: TypeTraits) -> None:
     if tr.type in NEEDS_IMPORTANCE_MATRIX:
         raise Unsupported(f"quantizing to {tr.name} needs an importance matrix (ggml's quantize_{tr.name} "
-                          "requires one and has no reference quantizer without it); Prism only dequantizes it")
-    if tr.type in GRID_SEARCH_NOT_PORTED:
-        raise Unsupported(f"quantizing to {tr.name} is not implemented in Prism: ggml's quantize_{tr.name} searches "
-                          "the lattice grids built by ggml_quantize_init (best with an importance matrix), which "
-                          "Prism has not ported; Prism only dequantizes it")
+                          "requires one and has no reference quantizer without it): use "
+                          "prism_core.quant.quantize_chunk(rows, type, imatrix)")
+    if tr.type == G.IQ1_M:
+        raise Unsupported("IQ1_M has no reference quantizer in ggml (only ggml_quantize_chunk's search): use "
+                          "prism_core.quant.quantize_chunk")
+    if tr.type in C_ONLY:
+        _refuse_c_only(tr)
     if tr.type in _DEQUANTIZERS:
         raise Unsupported(f"quantizing to {tr.name} is out of scope in Prism; it can only be dequantized")
     raise Unsupported(f"{tr.name} is out of scope in Prism: it can be neither quantized nor dequantized")
@@ -146,12 +196,107 @@ def _run(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
     return out.reshape(*rows.shape[:-1], rows.shape[-1] // tr.blck_size * tr.type_size)
 
 
-def quantize(rows: np.ndarray, type: GGMLType | int | str) -> np.ndarray:
-    """float rows → ggml blocks (uint8), as ggml's quantize_row_*_ref writes them."""
+def _refuse_c_only(tr: TypeTraits) -> None:
+    raise Unsupported(f"quantizing to {tr.name} needs ggml's lattice search, which Prism has in C only (the "
+                      "csimd backend; a NumPy port would take hours per model), and no backend offering it is "
+                      f"available here ({ENV_QUANT}={os.environ.get(ENV_QUANT, '')!r}; `prism info` says why csimd "
+                      "is not)")
+
+
+def _python_rows(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
+    out = _run(codec, rows, tr)
+    if tr.type == G.IQ4_NL and rows.size:
+        flat = out.reshape(-1, out.shape[-1])
+        iquants.repeat_zero_blocks(rows.reshape(-1, rows.shape[-1]), flat)
+    return out
+
+
+def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | None = None) -> np.ndarray:
+    """float rows → ggml blocks (uint8), as ggml's quantize_row_*_ref writes them (each row's last dim
+    one ggml row). IQ2_S, IQ3_XXS and IQ3_S (ggml's reference lattice searches) need the C quantizers."""
     tr = _quant_traits(type)
-    if tr.type not in _QUANTIZERS:
+    if tr.type not in _QUANTIZERS and tr.type not in _C_REFERENCE:
         _refuse_quantize(tr)
-    return _run(_QUANTIZERS[tr.type], _float_rows(rows, tr, "quantizing"), tr)
+    rows = _float_rows(rows, tr, "quantizing")
+    fast = _accelerated(rows, tr, "ref", None, threads) if rows.size else None
+    if fast is not None:
+        return fast
+    if tr.type not in _QUANTIZERS:
+        _refuse_c_only(tr)
+    return _python_rows(_QUANTIZERS[tr.type], rows, tr)
+
+
+# ggml_quantize_chunk with importance weights, in NumPy: per-block codecs (blocks, weights) and row codecs
+_WEIGHTED_BLOCKS: dict[GGMLType, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    G.Q2_K: weighted.quantize_q2_K_w, G.Q3_K: weighted.quantize_q3_K_w, G.Q4_K: weighted.quantize_q4_K_w,
+    G.Q5_K: weighted.quantize_q5_K_w, G.Q6_K: weighted.quantize_q6_K_w, G.IQ4_XS: weighted.quantize_iq4_xs_w,
+    G.IQ4_NL: weighted.quantize_iq4_nl_chunk,
+}
+_WEIGHTED_ROWS = {G.Q4_0: (weighted.quantize_q4q5_0_rows_w, 4), G.Q5_0: (weighted.quantize_q4q5_0_rows_w, 5),
+                  G.Q4_1: (weighted.quantize_q4q5_1_rows_w, 4), G.Q5_1: (weighted.quantize_q4q5_1_rows_w, 5)}
+_ROWS_PER_CALL = 64  # bounds the row codecs' temporaries
+
+
+def _imatrix_of(imatrix: np.ndarray | None, n: int, tr: TypeTraits) -> np.ndarray | None:
+    if imatrix is None:
+        return None
+    im = np.asarray(imatrix)
+    if im.dtype.kind != "f":
+        raise TypeMismatch(f"quantize_chunk to {tr.name}: imatrix must be float, got dtype {im.dtype}")
+    im = np.ascontiguousarray(im, np.float32).reshape(-1)
+    if im.size != n:
+        raise ShapeMismatch(f"quantize_chunk to {tr.name}: imatrix has {im.size} values, the rows {n} columns "
+                            "(one importance per column)")
+    if not np.isfinite(im).all():
+        raise InvalidArgument(f"quantize_chunk to {tr.name}: imatrix holds a non-finite value at column "
+                              f"{int(np.argmin(np.isfinite(im)))} (llama-quantize refuses such a matrix too)")
+    return im
+
+
+def quantize_chunk(rows: np.ndarray, type: GGMLType | int | str, imatrix: np.ndarray | None = None, *,
+                   threads: int | None = None) -> np.ndarray:
+    """float rows → ggml blocks as ggml_quantize_chunk writes them (llama-quantize's quantizers): the
+    reference quantizers, IQ4_NL with its 15-scale search, and given ``imatrix`` (float, one importance
+    per column: the rows' last dim) the importance-weighted searches; the lattice formats (:data:`C_ONLY`)
+    need a backend offering them, and IQ2_XXS, IQ2_XS, IQ1_S an imatrix. ``threads``: the C quantizers'
+    thread count (default: the backend's)."""
+    tr = _quant_traits(type)
+    rows = _float_rows(rows, tr, "quantizing")
+    im = _imatrix_of(imatrix, rows.shape[-1], tr)
+    if tr.type in NEEDS_IMPORTANCE_MATRIX and im is None:
+        raise Unsupported(f"quantizing to {tr.name} needs an importance matrix (ggml_quantize_requires_imatrix): "
+                          "pass imatrix=")
+    if tr.type not in _QUANTIZERS and tr.type not in C_ONLY:
+        _refuse_quantize(tr)
+    if tr.type in (G.Q8_1, G.Q8_K):
+        raise Unsupported(f"{tr.name} is an activation format: ggml_quantize_chunk does not write it")
+    fast = _accelerated(rows, tr, "chunk", im, threads) if rows.size else None
+    if fast is not None:
+        return fast
+    if tr.type in C_ONLY:
+        _refuse_c_only(tr)
+    if tr.type == G.IQ4_NL:
+        return _run_weighted(weighted.quantize_iq4_nl_chunk, rows, im, tr)
+    if im is None or tr.type in (G.Q8_0, G.MXFP4, G.TQ1_0, G.TQ2_0):  # ggml ignores the weights of these
+        return _run(_QUANTIZERS[tr.type], rows, tr)
+    if tr.type in _WEIGHTED_ROWS:
+        codec, nbits = _WEIGHTED_ROWS[tr.type]
+        flat = rows.reshape(-1, rows.shape[-1])
+        out = [codec(flat[i:i + _ROWS_PER_CALL], im, nbits) for i in range(0, len(flat), _ROWS_PER_CALL)]
+        out = np.concatenate(out) if out else np.empty((0, rows.shape[-1] // 32 * tr.type_size), np.uint8)
+        return out.reshape(*rows.shape[:-1], out.shape[-1])
+    return _run_weighted(_WEIGHTED_BLOCKS[tr.type], rows, im, tr)
+
+
+def _run_weighted(codec, rows: np.ndarray, im: np.ndarray | None, tr: TypeTraits) -> np.ndarray:
+    """A per-block codec taking (blocks, weights or None), over chunks of blocks with their weights."""
+    n = rows.shape[-1]
+    blocks = rows.reshape(-1, tr.blck_size)
+    qw = None if im is None else np.broadcast_to(im.reshape(1, n), (blocks.size // n, n)).reshape(-1, tr.blck_size)
+    step = max(1, _CHUNK_ELEMENTS // tr.blck_size)
+    parts = [codec(blocks[i:i + step], None if qw is None else qw[i:i + step]) for i in range(0, len(blocks), step)]
+    out = np.concatenate(parts) if parts else np.empty((0, tr.type_size), np.uint8)
+    return out.reshape(*rows.shape[:-1], n // tr.blck_size * tr.type_size)
 
 
 def dequantize(blocks: np.ndarray, type: GGMLType | int | str) -> np.ndarray:

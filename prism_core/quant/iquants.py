@@ -15,9 +15,10 @@ from .numerics import F32, GROUP_MAX_EPS, Int8Table, fp16_bits, nearest_int, sel
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 _TABLE = Int8Table(KVALUES_IQ4NL)
 _VALUES = _TABLE.f32
-# ggml leaves an all-zero IQ4_NL block's indices as whatever its scratch buffer held
-# (the previous block's, or uninitialised memory); its scale is 0, so any index
-# decodes to 0. Prism writes the index nearest 0, as ggml itself does for IQ4_XS.
+# ggml's reference leaves an all-zero IQ4_NL block's indices as its scratch buffer held them: the
+# previous block's of the row (quantize_rows_iq4_nl repeats those), or uninitialised memory for a row's
+# first block, where Prism writes the index nearest 0 (what ggml_quantize_chunk writes there). The scale
+# is 0, so every choice decodes to 0.
 _ZERO_INDEX = int(_TABLE.best_index(np.array([0], F32))[0][0])
 
 
@@ -25,12 +26,12 @@ def _errstate():
     return np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore")
 
 
-def _scale_search(x: np.ndarray, ntry: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``quantize_row_iq4_nl_impl``'s per-32 search, no importance weights (weight x²),
-    over columns ``(32, m)``: returns (indices, scale, all-zero mask)."""
+def _scale_search(x: np.ndarray, ntry: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``quantize_row_iq4_nl_impl``'s per-32 search over columns ``(32, m)`` with weights w (None:
+    ggml's default x²): returns (indices, scale, all-zero mask)."""
     amax, vmax = signed_absmax(x)
     zero = amax < GROUP_MAX_EPS
-    w = x * x
+    w = x * x if w is None else w
     d = (-vmax if ntry > 0 else vmax) / _VALUES[0]
 
     def trial(iscale):
@@ -56,6 +57,7 @@ def _pack_nibbles(L: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
+    """Blocks on their own: an all-zero block gets the index nearest 0 (see repeat_zero_blocks)."""
     nb = len(blocks)
     with _errstate():
         x = np.ascontiguousarray(blocks.T)
@@ -64,11 +66,13 @@ def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([fp16_bits(d).view(np.uint8).reshape(nb, 2), _pack_nibbles(L)], axis=1)
 
 
-def quantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:
+def quantize_iq4_xs(blocks: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """The reference, or with w (the per-element weights, (32, groups) as the search lays them out)
+    ggml's quantize_iq4_xs with an importance matrix."""
     nb = len(blocks)
     with _errstate():
         x = np.ascontiguousarray(blocks.reshape(-1, 32).T)
-        _, scales, _ = _scale_search(x, 7)
+        _, scales, _ = _scale_search(x, 7, w)
         scales = scales.reshape(nb, 8)
         amax, max_scale = signed_absmax(scales.T)
         d = -select(amax > 0, max_scale, F32(0)) / F32(32)  # ggml's scan starts from +0
@@ -82,3 +86,18 @@ def quantize_iq4_xs(blocks: np.ndarray) -> np.ndarray:
     scales_h = np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=1).astype(np.uint16)
     return np.concatenate([fp16_bits(d).view(np.uint8).reshape(nb, 2), scales_h.view(np.uint8).reshape(nb, 2),
                            scales_l, _pack_nibbles(L)], axis=1)
+
+
+def repeat_zero_blocks(rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """IQ4_NL rows as ggml's reference writes them: each all-zero block (every |x| below the group
+    threshold) takes the indices of the previous block of its row. rows: float (nrows, n); blocks: uint8
+    (nrows, n/32 * 18), modified in place and returned."""
+    nrows, n = rows.shape
+    zero = np.abs(rows.reshape(nrows, n // 32, 32)).max(axis=2) < GROUP_MAX_EPS
+    zero[:, 0] = False
+    if zero.any():
+        b = blocks.reshape(nrows, n // 32, 18)
+        idx = np.where(zero, 0, np.arange(n // 32)[None, :])
+        np.maximum.accumulate(idx, axis=1, out=idx)  # the last non-zero block at or before each
+        b[:, :, 2:] = np.take_along_axis(b[:, :, 2:], idx[:, :, None], axis=1)
+    return blocks

@@ -15,8 +15,8 @@ from .numerics import (
     GROUP_MAX_EPS,
     fp16_bits,
     fp16_value,
+    nearest_f32,
     nearest_int,
-    nearest_small,
     pack_2bit_128,
     positive_max,
     select,
@@ -48,10 +48,12 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     scale (m,), the_min (m,)) for x ≈ scale·L − the_min, searching nstep+1 scales.
     Candidates' quants are kept in float32; the winner's are rebuilt at the end from the
     (iscale, min) that produced them."""
-    mn, mx = x.min(0), x.max(0)
+    mn, mx = x[0].copy(), x[0].copy()  # ggml's scans: the first of equal extremes (a zero keeps its sign)
     sum_w = w[0].copy()
     sum_x = sum_w * x[0]
     for i in range(1, len(x)):
+        mn = select(x[i] < mn, x[i], mn)
+        mx = select(x[i] > mx, x[i], mx)
         sum_w += w[i]
         sum_x += w[i] * x[i]
     mn = select(mn > 0, F32(0), mn)
@@ -59,7 +61,7 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     fnmax = F32(nmax)
 
     def quants(iscale, m):
-        return np.clip(nearest_small(iscale * (x - m)), F32(0), fnmax)
+        return np.clip(nearest_f32(iscale * (x - m)), F32(0), fnmax)
 
     def cost(scale, lf, m):
         d = scale * lf
@@ -105,17 +107,17 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelt
     return L, scale, -mn
 
 
-def make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's ``make_qx_quants`` with rmse_type 1 and no weights (weight x²) over columns
-    ``(n, m)``: returns (L in 0..2·nmax−1 (n, m), scale (m,)), 18 scales tried."""
+def make_qx_quants_rmse1(x: np.ndarray, nmax: int, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's ``make_qx_quants`` with rmse_type 1 over columns ``(n, m)``, weights w (None: ggml's
+    default x²): returns (L in 0..2·nmax−1 (n, m), scale (m,)), 18 scales tried."""
     amax, vmax = signed_absmax(x)
     zero = amax < GROUP_MAX_EPS
-    w = x * x
+    w = x * x if w is None else w
     wx = w * x
     fnmax = F32(nmax)
 
     def trial(iscale):
-        lf = np.clip(nearest_small(iscale * x), -fnmax, fnmax - 1)
+        lf = np.clip(nearest_f32(iscale * x), -fnmax, fnmax - 1)
         slx = seq_sum(wx * lf)
         wl = w * lf
         wl *= lf  # (w·l)·l, ggml's order
@@ -282,11 +284,13 @@ def quantize_q5_K(blocks: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ Q6_K
 
-def quantize_q6_K(blocks: np.ndarray) -> np.ndarray:
+def quantize_q6_K(blocks: np.ndarray, qw: np.ndarray | None = None) -> np.ndarray:
+    """The reference, or with importance weights qw (shaped like blocks) ggml's quantize_q6_K, which
+    hands them to the group search as they are."""
     nb = len(blocks)
     with _errstate():
         x = _by_position(blocks, 16)
-        L, scales = make_qx_quants_rmse1(x, 32)
+        L, scales = make_qx_quants_rmse1(x, 32, None if qw is None else _by_position(qw, 16))
         scales = scales.reshape(nb, 16)
         amax, max_scale = signed_absmax(scales.T)
         zero = amax < GROUP_MAX_EPS

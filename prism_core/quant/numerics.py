@@ -48,9 +48,27 @@ def nearest_small(x: np.ndarray) -> np.ndarray:
     return (x + _MAGIC) - _MAGIC
 
 
+def nearest_f32(x: np.ndarray) -> np.ndarray:
+    """``nearest_int`` as float32 for any x: :func:`nearest_small` while every |x| < 2**22 (the common
+    case, and the faster), else ggml's bits for the rest too (an inf becomes -2**22, a NaN 0)."""
+    with np.errstate(invalid="ignore"):
+        small = bool(np.abs(x).max(initial=0) < F32(1 << 22))
+    return nearest_small(x) if small else nearest_int(x).astype(F32)
+
+
 def seq_sum(terms: np.ndarray) -> np.ndarray:
-    """Σ over axis 0 from +0.0, in index order, in float32 (a C ``for`` loop with ``+=``)."""
-    return np.add.reduce(terms, axis=0, initial=F32(0))
+    """Σ over axis 0 from +0.0, in index order, in float32 (a C ``for`` loop with ``+=``).
+
+    NumPy adds row after row only while axis 0 is not the one it walks innermost: for a C-contiguous
+    array with at least two elements per row. One column ((n, 1), as a single block's group scales
+    make) or a non-contiguous view would be summed pairwise, so those are laid out first as rows of
+    two (the column and zeros), which NumPy again sums row by row."""
+    t = np.asarray(terms)
+    if t.ndim >= 2 and t[0].size >= 2 and t.flags.c_contiguous:
+        return np.add.reduce(t, axis=0, initial=F32(0))
+    wide = np.zeros((len(t), max(1, t[0].size if t.ndim > 1 else 1), 2), t.dtype)
+    wide[:, :, 0] = t.reshape(len(t), -1)
+    return np.add.reduce(wide, axis=0, initial=F32(0))[:, 0].reshape(t.shape[1:])
 
 
 def fp16_bits(x: np.ndarray) -> np.ndarray:
