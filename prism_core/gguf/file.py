@@ -60,6 +60,32 @@ class GGUFFile:
     def file_size(self) -> int:
         return os.path.getsize(self.path)
 
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """The bytes of tensor ``name`` as stored, a read-only uint8 view of the mapping (nothing is read yet)."""
+        ti = self.tensor_info.get(name)
+        if ti is None:
+            raise InvalidArgument(f"{self.path}: no tensor {name!r}")
+        if self._mapping is None:
+            return np.zeros(0, np.uint8)
+        v = np.frombuffer(self._mapping, dtype=np.uint8, count=ti.nbytes, offset=ti.file_offset)
+        v.flags.writeable = False
+        return v
+
+    def drop_pages(self, name: str) -> None:
+        """Let the OS drop tensor ``name``'s pages from memory (they are read from disk again if touched): a
+        pass over a file larger than memory then holds about one tensor of it resident, not all it has read.
+        Best effort: where the platform has no madvise this does nothing."""
+        ti = self.tensor_info.get(name)
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if ti is None or self._mapping is None or advice is None or not ti.nbytes:
+            return
+        start = ti.file_offset // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(len(self._mapping), ti.file_offset + ti.nbytes)
+        try:
+            self._mapping.madvise(advice, start, end - start)
+        except (OSError, ValueError):  # pages still shared with a view, or an unsupported range: keep them
+            pass
+
     def close(self) -> None:
         """Drop this object's hold on the mapping. Tensors still referenced elsewhere keep it
         (and stay valid) until they are gone: a mapped tensor never points at unmapped memory."""

@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import BoundExceeded, InvalidArgument, TypeMismatch, Unsupported
-from ..tensor import MAX_NAME, Tensor
+from ..tensor import MAX_DIMS, MAX_NAME, Tensor, contiguous_strides, nbytes_of
+from ..types import GGMLType
 from .format import (
     ALIGNMENT_KEY,
     DEFAULT_ALIGNMENT,
@@ -210,14 +212,36 @@ def _named(tensors: Mapping[str, Tensor] | Sequence[Tensor]) -> list[tuple[str, 
     return pairs
 
 
-def save(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Sequence[Tensor],
-         metadata: Mapping[str, Any] | None = None, *, alignment: int | None = None) -> None:
-    """Write ``tensors`` (a name -> Tensor mapping, or tensors named by their own names) and
-    ``metadata`` (see the module doc for value types) to ``path`` as GGUF v3.
+@dataclass(frozen=True)
+class TensorEntry:
+    """A tensor of a file being written: its name, ggml type and extents as stored (ggml order, its n_dims)."""
 
-    ``alignment`` (a power of two) pads the data section and each tensor; when it is not 32
-    it is written as ``general.alignment`` (metadata that carries that key decides instead).
-    Everything is checked before the file is touched; the file appears complete or not at all."""
+    name: str
+    type: GGMLType
+    ne: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        ne = tuple(self.ne) + (1,) * (MAX_DIMS - len(self.ne))
+        return nbytes_of(self.type, ne, contiguous_strides(self.type, ne))
+
+
+def _header(entries: dict[str, tuple[Any, V, V | None]], tensors: Sequence[TensorEntry], alignment: int) -> bytes:
+    kv = [_string(k, k) + struct.pack("<I", t) + (_array(v, sub, k) if t == V.ARRAY else _scalar(v, t, k))
+          for k, (v, t, sub) in entries.items()]
+    header = bytearray(MAGIC + struct.pack("<IQQ", VERSION, len(tensors), len(kv)))
+    for b in kv:
+        header += b
+    offset = 0
+    for e in tensors:
+        header += _string(e.name, e.name) + struct.pack(f"<I{len(e.ne)}QIQ", len(e.ne), *e.ne, int(e.type), offset)
+        offset += pad(e.nbytes, alignment)
+    if tensors:
+        header += bytes(pad(len(header), alignment) - len(header))
+    return bytes(header)
+
+
+def _entries(metadata: Mapping[str, Any] | None, alignment: int | None) -> tuple[dict, int]:
     entries = {} if metadata is None else {k: _typed(_key(k), v, metadata) for k, v in metadata.items()}
     if ALIGNMENT_KEY in entries:
         v, t, _ = entries[ALIGNMENT_KEY]
@@ -232,31 +256,107 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Sequence[
     if (isinstance(alignment, bool) or not isinstance(alignment, (int, np.integer)) or alignment <= 0
             or alignment & (alignment - 1)):
         raise InvalidArgument(f"gguf save: alignment must be a power of two, got {alignment!r}")
-    alignment = int(alignment)
-    kv = [_string(k, k) + struct.pack("<I", t) + (_array(v, sub, k) if t == V.ARRAY else _scalar(v, t, k))
-          for k, (v, t, sub) in entries.items()]
-    pairs = _named(tensors)
+    return entries, int(alignment)
 
-    header = bytearray(MAGIC + struct.pack("<IQQ", VERSION, len(pairs), len(kv)))
-    for b in kv:
-        header += b
-    offset = 0
-    for name, t in pairs:
-        dims = t.ne[:t.n_dims]
-        header += _string(name, name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, int(t.type), offset)
-        offset += pad(t.nbytes, alignment)
-    if pairs:
-        header += bytes(pad(len(header), alignment) - len(header))
-    tmp = f"{os.fspath(path)}.partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            for _, t in pairs:
-                data = _tensor_bytes(t)
-                f.write(data)
-                f.write(bytes(pad(len(data), alignment) - len(data)))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+class StreamWriter:
+    """A GGUF v3 file written tensor by tensor, for data that does not fit in memory at once: the header
+    (metadata and every tensor's name, type and extents) first, then each tensor's bytes in order, in as many
+    :meth:`write` calls as convenient (padding is added when a tensor is complete). The file appears under
+    ``path`` only when :meth:`close` finds every tensor written; leaving the ``with`` block on an exception, or
+    closing early, removes the partial file::
+
+        with StreamWriter("out.gguf", [TensorEntry("w", GGMLType.Q8_0, (256, 4))], meta) as w:
+            for block in blocks_of_rows:
+                w.write(block)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], tensors: Sequence[TensorEntry],
+                 metadata: Mapping[str, Any] | None = None, *, alignment: int | None = None) -> None:
+        entries, self.alignment = _entries(metadata, alignment)
+        seen: set[str] = set()
+        for e in tensors:
+            if not isinstance(e.name, str) or len(e.name.encode("utf-8")) > MAX_NAME:
+                raise BoundExceeded(f"gguf save: tensor name {str(e.name)[:20]!r}... is over {MAX_NAME} bytes")
+            if e.name in seen:
+                raise InvalidArgument(f"gguf save: duplicate tensor name {e.name!r}")
+            seen.add(e.name)
+        header = _header(entries, tensors, self.alignment)
+        self.path = os.fspath(path)
+        self._tmp = f"{self.path}.partial"
+        self._sizes = [e.nbytes for e in tensors]
+        self._names = [e.name for e in tensors]
+        self._i, self._done = 0, 0  # the tensor being written, its bytes so far
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 - held until close()
+        try:
+            self._file.write(header)
+            self._skip_empty()
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def current(self) -> str | None:
+        """The name of the tensor the next bytes belong to (None once all are written)."""
+        return self._names[self._i] if self._i < len(self._names) else None
+
+    def _skip_empty(self) -> None:
+        while self._i < len(self._sizes) and self._sizes[self._i] == 0:
+            self._i += 1
+
+    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Append bytes of the current tensor (and past its end, of the next ones)."""
+        mv = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+        while len(mv):
+            if self._i >= len(self._sizes):
+                raise InvalidArgument(f"gguf save: {len(mv)} bytes written past the last tensor")
+            take = min(len(mv), self._sizes[self._i] - self._done)
+            self._file.write(mv[:take])
+            mv, self._done = mv[take:], self._done + take
+            if self._done == self._sizes[self._i]:
+                self._file.write(bytes(pad(self._done, self.alignment) - self._done))
+                self._i, self._done = self._i + 1, 0
+                self._skip_empty()
+
+    def close(self) -> None:
+        """Finish the file: an error (and no file) unless every tensor's bytes were written."""
+        if self._file.closed:
+            return
+        if self._i < len(self._sizes):
+            name, done, size = self._names[self._i], self._done, self._sizes[self._i]
+            self.abort()
+            raise InvalidArgument(f"gguf save: {self.path}: tensor {name!r} has {done} of its {size} bytes "
+                                  f"({len(self._sizes) - self._i} tensors unfinished); no file written")
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Stop and remove the partial file."""
+        if not self._file.closed:
+            self._file.close()
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+
+def save(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Sequence[Tensor],
+         metadata: Mapping[str, Any] | None = None, *, alignment: int | None = None) -> None:
+    """Write ``tensors`` (a name -> Tensor mapping, or tensors named by their own names) and
+    ``metadata`` (see the module doc for value types) to ``path`` as GGUF v3.
+
+    ``alignment`` (a power of two) pads the data section and each tensor; when it is not 32
+    it is written as ``general.alignment`` (metadata that carries that key decides instead).
+    Everything is checked before the file is touched; the file appears complete or not at all."""
+    pairs = _named(tensors)
+    specs = [TensorEntry(name, t.type, tuple(t.ne[:t.n_dims])) for name, t in pairs]
+    with StreamWriter(path, specs, metadata, alignment=alignment) as w:
+        for _, t in pairs:
+            w.write(_tensor_bytes(t))
