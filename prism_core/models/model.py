@@ -89,6 +89,7 @@ class _Graph:
     step: Step
     logits: Tensor
     tensors: list[Tensor]  # every tensor the graph added to the model's context, discarded with it
+    tapped: Any = None  # what the model's tap selected in this graph (see Model.tap)
 
 
 class Model:
@@ -130,6 +131,7 @@ class Model:
         self._tokenizer = tokenizer
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self._tap: Any = None
         self.timings = Timings()
         self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
 
@@ -167,10 +169,11 @@ class Model:
                 logits = B.scale(B.tanh(B.scale(logits, 1.0 / hp.final_softcap)), hp.final_softcap)
             logits.set_output()
             graph = Graph(capacity=64 * hp.n_layer + 64).expand(logits)
+            tapped = self._tap.select(graph) if self._tap is not None else None  # it flags them as outputs
             # inputs and logits in the shared workspace too: eval sets the one and copies the other out
             # around each compute, so no graph holds memory of its own (as llama.cpp's compute buffer)
             p = plan(graph, self.backend, workspace=self.workspace, io_in_arena=True)
-            return _Graph(p, step, logits, ctx.tensors[first:])
+            return _Graph(p, step, logits, ctx.tensors[first:], tapped)
 
     def _graph(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         key = (n_tok, n_kv, n_out)
@@ -187,6 +190,17 @@ class Model:
             g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
         self._graphs.move_to_end(key)
         return g
+
+    def tap(self, tap: Any) -> None:
+        """Read intermediate tensors of the model's own graphs: ``tap.select(graph)`` is called on every graph
+        built from now on (before it is planned; it flags what it wants as outputs and returns them), and
+        ``tap.collect(selected)`` after each compute of that graph. None removes the tap. The graphs built
+        so far are dropped (they were planned without it). prism_core.models.imatrix uses this."""
+        for g in self._graphs.values():
+            g.plan.release()
+            self.ctx.discard(g.tensors)
+        self._graphs.clear()
+        self._tap = tap
 
     # ------------------------------------------------------------ evaluation
     def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
@@ -227,6 +241,8 @@ class Model:
                 step.cells_swa.host().reshape(-1)[:] = cells_swa
             step.out_rows.host().reshape(-1)[:] = rows
             g.plan.compute()
+            if self._tap is not None:
+                self._tap.collect(g.tapped)
             self.cache.n_past = past + n
             if all_logits or last:  # one copy out of the workspace, which the next compute reuses
                 out.append(g.logits.host().reshape(len(rows), -1).copy())
