@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..graph import Graph
 from ..gguf.imatrix import Entry, Imatrix
+from ..graph import Graph
 from ..ops.codes import Op
 from ..tensor import Tensor
 from ..types import F32
