@@ -25,7 +25,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("Q4_K_M", "Q8_0", "IQ4_XS")
 THREADS = 2
-_RSS = "import resource, sys; print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)"
+# VmHWM: this process's own peak (ru_maxrss would carry the benchmark parent's over fork and exec)
+_RSS = ("import sys; print('RSS', [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0], "
+        "file=sys.stderr)")
 _LLAMA = """
 import ctypes, sys, llama_cpp as lc
 cb = lc.llama_log_callback(lambda *a: None); lc.llama_log_set(cb, ctypes.c_void_p(0))
