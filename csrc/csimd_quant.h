@@ -98,8 +98,15 @@ static inline int q_nearest_int(float x) {
     return (i & 0x007FFFFF) - 0x00400000;
 }
 
-/* roundf as C: half away from zero */
-static inline int q_round_away(float x) { return (int)roundf(x); }
+/* (int)roundf(x) as x86 computes it: half away from zero; infinities, NaN and values beyond int give INT_MIN
+   (cvttss2si), as ggml's casts of roundf do (an all-subnormal block's 1/d is infinite). Written as truncation
+   plus the sign where the dropped fraction is in [0.5, 1) (exact: x - trunc(x) loses nothing below 2^23, and
+   above it x is whole) so that the loops calling it vectorise (roundf does not without -ffast-math) */
+static inline int q_round_away(float x) {
+    const int i = (int)x;
+    const float f = x - (float)i;
+    return i + ((f >= 0.5f) & (f < 1.0f)) - ((f <= -0.5f) & (f > -1.0f));
+}
 
 /* Q4_K / Q5_K: 6-bit scale and min of sub-block j (of 32) */
 static inline void q_k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
@@ -134,11 +141,18 @@ static void q_quant_q8_0(const float *x, uint8_t *y, int with_sum, int ref) {
     const float id = ref ? (d != 0.0f ? 1.0f / d : 0.0f) : (amax != 0.0f ? 127.0f / amax : 0.0f);
     int8_t *qs = (int8_t *)(y + (with_sum ? 4 : 2));
     int sum = 0;
-    for (int j = 0; j < 32; j++) {
-        const int q = ref ? q_round_away(x[j] * id) : q_nearest_int(x[j] * id);
-        qs[j] = (int8_t)q;
-        sum += q;
-    }
+    if (ref) /* two loops, not a choice per element: each vectorises */
+        for (int j = 0; j < 32; j++) {
+            const int q = q_round_away(x[j] * id);
+            qs[j] = (int8_t)q;
+            sum += q;
+        }
+    else
+        for (int j = 0; j < 32; j++) {
+            const int q = q_nearest_int(x[j] * id);
+            qs[j] = (int8_t)q;
+            sum += q;
+        }
     q_put_f16(y, d);
     if (with_sum) q_put_f16(y + 2, d * (float)sum);
 }
