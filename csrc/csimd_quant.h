@@ -158,13 +158,17 @@ static void q_quant_q8_0(const float *x, uint8_t *y, int with_sum, int ref) {
 }
 
 /* the element of largest magnitude (the first of equals; NaN never wins, as ggml's `>` scans) and that
-   magnitude */
+   magnitude; the largest magnitude first, then the first element holding it: two passes that vectorise,
+   where the one scan's branch does not */
 static inline float q_signed_absmax(int n, const float *x, float *amax_out) {
     float amax = 0.0f, max = 0.0f;
     for (int i = 0; i < n; i++) {
         const float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
+        amax = ax > amax ? ax : amax;
     }
+    if (amax > 0.0f)
+        for (int i = 0; i < n; i++)
+            if (fabsf(x[i]) == amax) { max = x[i]; break; }
     *amax_out = amax;
     return max;
 }
@@ -214,57 +218,56 @@ static void q_quant_q8_k(const float *x, uint8_t *y) {
 }
 
 /* ---------------------------------------------------------------- reference quantizers (no importance matrix) */
-/* the signed value of largest magnitude (the first such), and min/max */
-static void q_extremes(const float *x, int n, float *amax_signed, float *mn, float *mx) {
-    float amax = 0.0f, max = 0.0f, lo = INFINITY, hi = -INFINITY;
+/* the smallest and the largest value (NaN never taken, as ggml's comparisons) */
+static inline void q_min_max(const float *x, int n, float *mn, float *mx) {
+    float lo = INFINITY, hi = -INFINITY;
     for (int j = 0; j < n; j++) {
-        const float ax = fabsf(x[j]);
-        if (amax < ax) { amax = ax; max = x[j]; }
         lo = x[j] < lo ? x[j] : lo;
         hi = x[j] > hi ? x[j] : hi;
     }
-    *amax_signed = max;
     *mn = lo;
     *mx = hi;
 }
 
+/* 32 values of 4 or 5 bits into a legacy block: low nibbles (element j and j + 16 share a byte) at qs, the
+   fifth bits at qh (NULL for 4 bits); apart from the rounding loop so that it vectorises */
+static inline void q_pack_q4q5(const int *q, uint8_t *qs, uint8_t *qh) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 15) | ((q[j + 16] & 15) << 4));
+    if (!qh) return;
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++) h |= (uint32_t)((q[j] >> 4) & 1) << j;
+    memcpy(qh, &h, 4);
+}
+
 /* Q4_0 (nbits 4) and Q5_0 (nbits 5): d = max/-2^(nbits-1), q = min(2^nbits - 1, trunc(x/d + 2^(nbits-1) + 0.5)) */
-static void q_quant_q4q5_0(const float *x, uint8_t *y, int nbits) {
-    float max, lo, hi;
-    q_extremes(x, 32, &max, &lo, &hi);
+static inline void q_quant_q4q5_0(const float *x, uint8_t *y, int nbits) {
+    float amax;
+    const float max = q_signed_absmax(32, x, &amax);
     const float half = nbits == 4 ? 8.0f : 16.0f, top = nbits == 4 ? 15.0f : 31.0f;
     const float d = max / -half, id = d != 0.0f ? 1.0f / d : 0.0f;
     q_put_f16(y, d);
-    uint8_t *qs = y + (nbits == 4 ? 2 : 6);
-    uint32_t qh = 0;
-    for (int j = 0; j < 16; j++) {
-        const int a = (int)(int8_t)(x[j] * id + half + 0.5f), b = (int)(int8_t)(x[j + 16] * id + half + 0.5f);
-        const int q0 = a < (int)top ? a : (int)top, q1 = b < (int)top ? b : (int)top;
-        qs[j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
-        qh |= (uint32_t)((q0 >> 4) & 1) << j;
-        qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
+    int q[32];
+    for (int j = 0; j < 32; j++) {
+        const int a = (int)(int8_t)(x[j] * id + half + 0.5f);
+        q[j] = a < (int)top ? a : (int)top;
     }
-    if (nbits == 5) memcpy(y + 2, &qh, 4);
+    q_pack_q4q5(q, y + (nbits == 4 ? 2 : 6), nbits == 5 ? y + 2 : NULL);
 }
 
 /* Q4_1 / Q5_1: d = (max - min)/(2^nbits - 1), m = min, q = min(top, trunc((x - min)/d + 0.5)) */
-static void q_quant_q4q5_1(const float *x, uint8_t *y, int nbits) {
-    float max, lo, hi;
-    q_extremes(x, 32, &max, &lo, &hi);
+static inline void q_quant_q4q5_1(const float *x, uint8_t *y, int nbits) {
+    float lo, hi;
+    q_min_max(x, 32, &lo, &hi);
     const float top = nbits == 4 ? 15.0f : 31.0f;
     const float d = (hi - lo) / top, id = d != 0.0f ? 1.0f / d : 0.0f;
     q_put_f16(y, d);
     q_put_f16(y + 2, lo);
-    uint8_t *qs = y + (nbits == 4 ? 4 : 8);
-    uint32_t qh = 0;
-    for (int j = 0; j < 16; j++) {
-        const int a = (int)(int8_t)((x[j] - lo) * id + 0.5f), b = (int)(int8_t)((x[j + 16] - lo) * id + 0.5f);
-        const int q0 = a < (int)top ? a : (int)top, q1 = b < (int)top ? b : (int)top;
-        qs[j] = (uint8_t)((q0 & 15) | ((q1 & 15) << 4));
-        qh |= (uint32_t)((q0 >> 4) & 1) << j;
-        qh |= (uint32_t)((q1 >> 4) & 1) << (j + 16);
+    int q[32];
+    for (int j = 0; j < 32; j++) {
+        const int a = (int)(int8_t)((x[j] - lo) * id + 0.5f);
+        q[j] = a < (int)top ? a : (int)top;
     }
-    if (nbits == 5) memcpy(y + 4, &qh, 4);
+    q_pack_q4q5(q, y + (nbits == 4 ? 4 : 8), nbits == 5 ? y + 4 : NULL);
 }
 
 /* MXFP4: e = floor(log2 amax) - 2 + 127 (0 for amax = 0); each x the nearest of the 16 values (first wins) */
@@ -599,7 +602,16 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const floa
 
 /* one block of F32 -> type t; mode 0: as ggml's CPU backend (Q8_0/Q8_1 ties to even), 1: the reference.
    Returns 0, or -1 for a type without a quantizer here. */
-static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
+/* GCC's function multi-versioning: an AVX2 copy of the block quantizers beside the baseline one, picked once
+   by the loader from the CPU (the same operations: "avx2" brings no FMA, so nothing is contracted and the
+   bytes are the baseline's; only the vector width differs) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define Q_ROW_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define Q_ROW_CLONES
+#endif
+
+Q_ROW_CLONES static int q_quantize_block(int t, int mode, const float *x, uint8_t *y) {
     switch (t) {
     case Q_Q4_0: q_quant_q4q5_0(x, y, 4); return 0;
     case Q_Q5_0: q_quant_q4q5_0(x, y, 5); return 0;
