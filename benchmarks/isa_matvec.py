@@ -2,8 +2,9 @@
 
 ``python -m benchmarks.isa_matvec [--formats Q4_0,Q6_K] [--rounds 5]``: 1 x 2048 x 2048 (one
 activation row), one thread, every csimd path this CPU runs (``PRISM_CSIMD_ISA``: scalar, avx2,
-avxvnni, avx512 on x86-64; scalar, neon, dotprod, i8mm on arm64), numba's integer path as this process compiled it (its ISA is fixed at import:
-run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for another), and ggml's CPU backend
+avxvnni, avx512 on x86-64; scalar, neon, dotprod, i8mm on arm64), numba's integer path as this process
+compiled it (its ISA is fixed at import: run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for
+another; left out where numba is not installed), and ggml's CPU backend
 (ggml-python, as built for this machine). GOPS (2 * k * m per product), best of ``--rounds``
 interleaved rounds, each the mean of enough calls to fill 0.1 s. Timings depend on the machine's
 load: take them under ``flock /work/coord/bench.lock`` on a shared one.

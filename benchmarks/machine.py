@@ -188,9 +188,9 @@ def _on_every_core(works: list) -> list[float]:
 
 
 def fma_peak_gflops(isa: int, threads: int | None = None, repeats: int = 5) -> float:
-    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2, 0 SSE2 multiply + add; on arm64
-    0 NEON FMA) on `threads` cores at once (default: all), each core's best run over its own CPU time, summed; NaN when the CPU
-    lacks the ISA or no C compiler is present."""
+    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2, 0 SSE2 multiply + add; on
+    arm64 0 NEON FMA) on `threads` cores at once (default: all), each core's best run over its own CPU
+    time, summed; NaN when the CPU lacks the ISA or no C compiler is present."""
     lib = _kernel_lib()
     per = lib.flops_per_iter(isa) if lib is not None else 0
     if not per:
