@@ -157,7 +157,7 @@ def _conformance(arm64, cpu: str, isa: str, mode: str = "forward") -> None:
     assert r.returncode == 0, tail
     summary = next((ln for ln in r.stdout.splitlines() if ln.startswith("csimd:")), "")
     assert " 0 failed, 0 unsupported cases, 0 timed out" in summary, tail
-    assert int(summary.split()[1]) > 1000, summary  # the suite ran: its cases passed
+    assert int(summary.split()[1]) > (1000 if mode == "forward" else 50), summary  # the suite ran and passed
 
 
 def test_conformance_neon_on_a_core_without_extensions(arm64):
