@@ -57,25 +57,19 @@ def _tree_python() -> Path | None:
     return next((p for p in found if p.name.replace("python", "").replace(".", "").isdigit()), None)
 
 
-@pytest.fixture(scope="module")
-def arm64(tmp_path_factory):
-    """The cross-built extension and the site folder beside it: (python, library, site)."""
-    reason = _missing()
-    if reason:
-        print(f"SKIP test_arm64_qemu: {reason}")
-        pytest.skip(reason)
+def _cross_build(out: Path, sanitize: bool) -> Path:
+    """csimd cross-compiled for aarch64 into out, with the build's own sources and flags (no OpenMP)."""
     python = _tree_python()
     version = python.name.replace("python", "")
-    out = tmp_path_factory.mktemp("arm64")
     sys.path.insert(0, str(REPO / "csrc"))
     try:
         import build_csimd
     finally:
         sys.path.pop(0)
-    ffi = build_csimd.make_ffi(openmp=False, relative=False)
+    ffi = build_csimd.make_ffi(sanitize=sanitize, openmp=False, relative=False)
     glue = out / "_csimd.c"
     ffi.emit_c_code(str(glue))
-    kw = ffi._assigned_source[3]  # the build's own sources and flags (cffi keeps them here)
+    kw = ffi._assigned_source[3]  # set_source's keywords (cffi keeps them here)
     lib = out / f"_csimd.cpython-{version.replace('.', '')}-aarch64-linux-gnu.so"
     include = ARM64_ROOT / "usr" / "include"
     cmd = [CROSS_CC, "-shared", "-fPIC", *kw["extra_compile_args"], *[f"-I{d}" for d in kw["include_dirs"]],
@@ -83,6 +77,10 @@ def arm64(tmp_path_factory):
            *kw["extra_link_args"], *[f"-l{n}" for n in kw["libraries"]]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
+    return lib
+
+
+def _site(out: Path) -> Path:
     site = out / "site"
     site.mkdir()
     for name in PURE_PYTHON_DEPS:
@@ -90,13 +88,45 @@ def arm64(tmp_path_factory):
         if spec is None or not spec.submodule_search_locations:
             pytest.skip(f"{name} is not installed here (the arm64 run takes it from this interpreter)")
         (site / name).symlink_to(next(iter(spec.submodule_search_locations)))
-    return python, lib, site
+    return site
+
+
+def _need_tools() -> None:
+    reason = _missing()
+    if reason:
+        print(f"SKIP test_arm64_qemu: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def arm64(tmp_path_factory):
+    """The cross-built extension and the site folder beside it: (python, library, site, preload)."""
+    _need_tools()
+    out = tmp_path_factory.mktemp("arm64")
+    return _tree_python(), _cross_build(out, sanitize=False), _site(out), ""
+
+
+@pytest.fixture(scope="module")
+def arm64_sanitized(tmp_path_factory):
+    """The same built with AddressSanitizer and UndefinedBehaviorSanitizer, their runtimes preloaded."""
+    _need_tools()
+    preload = []
+    for name in ("libasan.so", "libubsan.so"):
+        path = subprocess.run([CROSS_CC, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+        if not os.path.isabs(path):
+            pytest.skip(f"{CROSS_CC} has no {name} (Debian: libasan8-arm64-cross, libubsan1-arm64-cross)")
+        preload.append(os.path.realpath(path))
+    out = tmp_path_factory.mktemp("arm64-asan")
+    return _tree_python(), _cross_build(out, sanitize=True), _site(out), ":".join(preload)
 
 
 def _qemu(arm64, cpu: str, args: list[str], isa: str | None = None) -> subprocess.CompletedProcess:
-    python, lib, site = arm64
+    python, lib, site, preload = arm64
     env = {"PYTHONPATH": f"{REPO}:{REPO / 'backends'}:{site}", "PRISM_CSIMD_LIBRARY": str(lib),
            "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(site.parent)}
+    if preload:
+        env.update(LD_PRELOAD=preload, ASAN_OPTIONS="detect_leaks=0",
+                   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
     if isa:
         env["PRISM_CSIMD_ISA"] = isa
     cmd = [QEMU, "-cpu", cpu, "-L", str(ARM64_ROOT)]
@@ -180,3 +210,31 @@ def test_attention_kernels_on_every_path(arm64):
     r = _qemu(arm64, "max", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_csimd_attn.py"])
     tail = (r.stdout + r.stderr)[-4000:]
     assert r.returncode == 0 and " passed" in r.stdout, tail
+
+
+def _sanitizer_clean(r: subprocess.CompletedProcess) -> None:
+    """No sanitizer report; the one exit failure allowed is LeakSanitizer's own, which cannot start under
+    qemu-user (it needs ptrace-free thread suspension) and fails at exit after the run."""
+    out = r.stdout + r.stderr
+    assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-6000:]
+    if r.returncode != 0:
+        assert "LeakSanitizer has encountered a fatal error" in r.stderr, out[-4000:]
+
+
+def test_sanitized_quantized_kernels_on_every_path(arm64_sanitized):
+    """tests/test_csimd_quant.py under ASan + UBSan on scalar, neon, dotprod and i8mm (-cpu max). The
+    sanitizer sees the C code: a read past a buffer in any path's kernel is reported (checked: a
+    dequantize of 64 values from a 16-byte buffer is caught in the i8mm copy)."""
+    r = _qemu(arm64_sanitized, "max", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_csimd_quant.py"])
+    _sanitizer_clean(r)
+    assert " passed" in r.stdout and " failed" not in r.stdout, (r.stdout + r.stderr)[-4000:]
+
+
+@pytest.mark.skipif(not FULL_SWEEP, reason="full sweep: set PRISM_FULL_SWEEP=1")
+@pytest.mark.parametrize("cpu, isa", [("cortex-a53", "neon"), ("max", "i8mm")])
+def test_sanitized_conformance(arm64_sanitized, cpu, isa):
+    r = _qemu(arm64_sanitized, cpu, ["-m", "prism_core.cli", "conformance", "--backend", "csimd", "--in-process",
+                                     "-q"], isa=isa)
+    _sanitizer_clean(r)
+    summary = next((ln for ln in r.stdout.splitlines() if ln.startswith("csimd:")), "")
+    assert " 0 failed, 0 unsupported cases, 0 timed out" in summary, (r.stdout + r.stderr)[-4000:]
