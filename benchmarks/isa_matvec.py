@@ -2,8 +2,9 @@
 
 ``python -m benchmarks.isa_matvec [--formats Q4_0,Q6_K] [--rounds 5]``: 1 x 2048 x 2048 (one
 activation row), one thread, every csimd path this CPU runs (``PRISM_CSIMD_ISA``: scalar, avx2,
-avxvnni, avx512), numba's integer path as this process compiled it (its ISA is fixed at import:
-run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for another), and ggml's CPU backend
+avxvnni, avx512 on x86-64; scalar, neon, dotprod, i8mm on arm64), numba's integer path as this process
+compiled it (its ISA is fixed at import: run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for
+another; left out where numba is not installed), and ggml's CPU backend
 (ggml-python, as built for this machine). GOPS (2 * k * m per product), best of ``--rounds``
 interleaved rounds, each the mean of enough calls to fill 0.1 s. Timings depend on the machine's
 load: take them under ``flock /work/coord/bench.lock`` on a shared one.
@@ -24,7 +25,7 @@ from .quantized import GgmlMulMat, ggml, weight_blocks
 
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
            "MXFP4")
-ISAS = ("scalar", "avx2", "avxvnni", "avx512")
+ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm")
 
 
 def _rate(fn, ops: float) -> float:
@@ -64,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     k, m = args.k, args.m
     ops = 2.0 * k * m
     isas = _csimd_paths()
-    from prism_numba import _qvec
-    cols = (["ggml"] if ggml is not None else []) + [f"csimd:{i}" for i in isas] + [f"numba:{_qvec.MODE}"]
+    try:
+        from prism_numba import _qvec
+        numba_col = [f"numba:{_qvec.MODE}"]
+    except ImportError as e:  # numba not installed (its column is left out, said so)
+        print(f"numba: not measured ({e})")
+        numba_col = []
+    cols = (["ggml"] if ggml is not None else []) + [f"csimd:{i}" for i in isas] + numba_col
     print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds); ratios against ggml")
     print(f"{'format':<8}" + "".join(f"{c:>22}" for c in cols))
     for name in args.formats.split(","):
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             _set_isa(isa)
             runners[f"csimd:{isa}"] = (isa, pc.plan(y, "csimd", strict=True).compute)
         try:
-            runners[f"numba:{_qvec.MODE}"] = pc.plan(y, "numba", strict=True).compute
+            for c in numba_col:
+                runners[c] = pc.plan(y, "numba", strict=True).compute
         except pc.PrismError as e:  # a format numba refuses
             print(f"  numba: {e}")
         best: dict[str, float] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -91,6 +92,27 @@ int64_t flops_per_iter(int isa) {
 double run_fma(int isa, int64_t iters) {
     return isa == 2 ? fma_avx512(iters) : isa == 1 ? fma_avx2(iters) : fma_sse(iters);
 }
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#define CHAINS 16 /* > FMA latency x pipes on current Arm cores (4 x 4 on Neoverse V2, Apple's) */
+/* isa 0 on arm64: Advanced SIMD, 128-bit FMA, the width of every csimd path there (neon, dotprod, i8mm) */
+static double fma_neon(int64_t iters) {
+    float32x4_t acc[CHAINS];
+    const float32x4_t m = vdupq_n_f32(0.999999f), a = vdupq_n_f32(1e-6f);
+    for (int j = 0; j < CHAINS; j++) acc[j] = vdupq_n_f32((float)j);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int j = 0; j < CHAINS; j++) acc[j] = vfmaq_f32(a, acc[j], m);
+    double s = 0;
+    for (int j = 0; j < CHAINS; j++) s += vaddvq_f32(acc[j]);
+    return s;
+}
+int64_t flops_per_iter(int isa) { return isa == 0 ? 4 * 2 * CHAINS : 0; }
+double run_fma(int isa, int64_t iters) { return isa == 0 ? fma_neon(iters) : 0; }
+void run_copy(int isa, float *d, const float *s, int64_t n) {
+    (void)isa;
+    for (int64_t i = 0; i < n; i += 16) vst1q_f32_x4(d + i, vld1q_f32_x4(s + i));
+}
 #else
 int64_t flops_per_iter(int isa) { (void)isa; return 0; }
 double run_fma(int isa, int64_t iters) { (void)isa; (void)iters; return 0; }
@@ -107,7 +129,10 @@ double read_sum(const float *p, int64_t n) {
 }
 """
 
-_ISA_NAMES = {2: "AVX-512", 1: "AVX2+FMA", 0: "SSE2 (csimd's portable path)"}
+_ARM64 = platform.machine().lower() in ("aarch64", "arm64")
+_ISA_NAMES = ({0: "NEON FMA (every csimd path)"} if _ARM64 else
+              {2: "AVX-512", 1: "AVX2+FMA", 0: "SSE2 (csimd's portable path)"})
+_PEAK_ISAS = (0,) if _ARM64 else (2, 1)  # the widest FMA first; x86's isa 0 has no FMA
 _lib_cache: list = []
 
 
@@ -163,9 +188,9 @@ def _on_every_core(works: list) -> list[float]:
 
 
 def fma_peak_gflops(isa: int, threads: int | None = None, repeats: int = 5) -> float:
-    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2, 0 SSE2 multiply + add) on `threads` cores
-    at once (default: all), each core's best run over its own CPU time, summed; NaN when the CPU
-    lacks the ISA or no C compiler is present."""
+    """Measured FP32 GFLOPS of the FMA kernel for `isa` (2 AVX-512, 1 AVX2, 0 SSE2 multiply + add; on
+    arm64 0 NEON FMA) on `threads` cores at once (default: all), each core's best run over its own CPU
+    time, summed; NaN when the CPU lacks the ISA or no C compiler is present."""
     lib = _kernel_lib()
     per = lib.flops_per_iter(isa) if lib is not None else 0
     if not per:
@@ -196,7 +221,7 @@ def fp32_peak_gflops() -> tuple[float, str]:
     """(GFLOPS, how it was obtained): the FMA kernel on every core for the widest ISA the CPU has,
     else OpenBLAS's best SGEMM as a lower bound."""
     cores = os.cpu_count() or 1
-    for isa in (2, 1):
+    for isa in _PEAK_ISAS:
         g = fma_peak_gflops(isa, cores)
         if g == g:  # not NaN
             return g, (f"measured: {_ISA_NAMES[isa]} FMA chains in registers on {cores} cores at once, "
@@ -252,7 +277,7 @@ def limits_per_isa(threads: int | None = None) -> list[tuple[str, float, float, 
     CPU runs, widest first: the limit beside each path's ratios (csimd's avx512, avx2/avxvnni and
     scalar paths compute with these widths)."""
     out = []
-    for isa in (2, 1, 0):
+    for isa in sorted(_ISA_NAMES, reverse=True):
         one = fma_peak_gflops(isa, 1)
         if one == one:
             out.append((_ISA_NAMES[isa], one, fma_peak_gflops(isa, threads), isa_copy_gbs(isa)))

@@ -1,5 +1,5 @@
-/* prism csimd: the kernels compiled three times (scalar, AVX2+FMA+F16C, AVX-512) and
-   chosen at run time from the CPU's features; no -march flag is needed to build. */
+/* prism csimd: the kernels compiled once per path (x86-64: scalar, AVX2+FMA+F16C, AVX-VNNI, AVX-512;
+   arm64: portable, NEON, dotprod, i8mm, csimd_neon_paths.h) and chosen at run time from the CPU's features; no -march flag is needed to build. */
 #include "csimd_common.h"
 #include <float.h>
 #include <stdio.h>
@@ -11,6 +11,12 @@
 #else
 #define CSIMD_X86 0
 #endif
+#if defined(__aarch64__)
+#define CSIMD_ARM64 1
+#else
+#define CSIMD_ARM64 0
+#endif
+#define CSIMD_ARM_Q 0 /* the NEON level of the template copy being compiled (csimd_neon.h); 0 off arm64 */
 
 /* bytes of this machine's data cache at `level` (1, 2, 3), for the GEMM's blocking: Linux's sysfs
    (what lscpu shows; a VM's sysconf may report the host's L3), then sysconf, then a typical size */
@@ -123,6 +129,10 @@ static int64_t csimd_cache_bytes(int level) {
 #undef ISA_LEVEL
 #endif
 
+#if CSIMD_ARM64
+#include "csimd_neon_paths.h" /* the neon, dotprod and i8mm copies of the template */
+#endif
+
 static int g_isa = -1;
 
 /* Defensive shape checks: the Python side validated every view against its buffer and the
@@ -176,13 +186,19 @@ static int isa_runs(int isa) {
     case CSIMD_ISA_AVX512: return avx2 && __builtin_cpu_supports("avx512f");
     default: return 0;
     }
+#elif CSIMD_ARM64
+    return arm_isa_runs(isa);
 #else
     return isa == CSIMD_ISA_SCALAR;
 #endif
 }
 
 int csimd_cpu_isa(void) {
+#if CSIMD_ARM64
+    static const int best_first[] = {CSIMD_ISA_I8MM, CSIMD_ISA_DOTPROD, CSIMD_ISA_NEON};
+#else
     static const int best_first[] = {CSIMD_ISA_AVX512, CSIMD_ISA_AVXVNNI, CSIMD_ISA_AVX2};
+#endif
     for (size_t i = 0; i < sizeof best_first / sizeof *best_first; i++)
         if (isa_runs(best_first[i])) return best_first[i];
     return CSIMD_ISA_SCALAR;
@@ -234,6 +250,15 @@ int csimd_max_threads(void) {
     case CSIMD_ISA_AVXVNNI: rc = fn##_avx2(__VA_ARGS__); break;            \
     default: rc = fn##_scalar(__VA_ARGS__); break;                         \
     }
+#elif CSIMD_ARM64 /* every NEON path runs the neon copy's kernels but the quantized ones (QCALL) */
+#define CALL(fn, ...)                                                      \
+    switch (csimd_get_isa()) {                                             \
+    case CSIMD_ISA_NEON:                                                   \
+    case CSIMD_ISA_DOTPROD:                                                \
+    case CSIMD_ISA_I8MM: fn##_neon(__VA_ARGS__); break;                    \
+    default: fn##_scalar(__VA_ARGS__); break;                              \
+    }
+#define CALL_RC(rc, fn, ...) CALL(rc = fn, __VA_ARGS__)
 #else
 #define CALL(fn, ...) fn##_scalar(__VA_ARGS__);
 #define CALL_RC(rc, fn, ...) rc = fn##_scalar(__VA_ARGS__);

@@ -8,10 +8,13 @@
 #define CSIMD_ABI_VERSION 6
 
 /* instruction-set paths (csimd_cpu_isa, csimd_set_isa); the numbers are not an order */
-#define CSIMD_ISA_SCALAR 0  /* 16-byte GCC vectors: SSE2 on x86-64, NEON on arm64 without the extensions below */
+#define CSIMD_ISA_SCALAR 0  /* portable: 16-byte GCC vectors, no intrinsics (SSE2 on x86-64, the compiler's NEON on arm64) */
 #define CSIMD_ISA_AVX2 1    /* AVX2 + FMA + F16C */
 #define CSIMD_ISA_AVX512 2  /* AVX-512F (the quantized kernels: with BW and VNNI, else the AVX-VNNI or AVX2 copy) */
 #define CSIMD_ISA_AVXVNNI 3 /* AVX2 + AVX-VNNI: the AVX2 kernels, the quantized ones with vpdpbusd on ymm */
+#define CSIMD_ISA_NEON 4    /* arm64 Advanced SIMD with intrinsics (F16 conversions, smull integer dot products) */
+#define CSIMD_ISA_DOTPROD 5 /* arm64 + the dot-product extension: the NEON kernels, the quantized ones with sdot */
+#define CSIMD_ISA_I8MM 6    /* arm64 + dotprod + i8mm: the dotprod kernels, matrix-matrix products with smmla */
 
 /* element types */
 #define CSIMD_F32 0

@@ -1,6 +1,7 @@
 /* Kernel template, included once per ISA by csimd.c with
    SFX (name suffix), ATTR (function attributes), VB (vector bytes), MR x NR (GEMM micro-tile),
-   ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512). Plain C with GCC vector extensions;
+   ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512), CSIMD_ARM_Q (arm64: 0 portable, 1 neon, 2 dotprod,
+   3 i8mm; csimd_neon.h, csimd_neon_quant.h). Plain C with GCC vector extensions;
    the target attribute lets the compiler use the ISA's registers for these functions only. */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -13,6 +14,9 @@ typedef float VF __attribute__((vector_size(VB)));
 typedef float VFU __attribute__((vector_size(VB), aligned(4), may_alias));
 #define VI CAT(vi, SFX)
 typedef int32_t VI __attribute__((vector_size(VB)));
+#if CSIMD_ARM_Q
+#include "csimd_neon.h"
+#endif
 
 /* exp(x) for x <= 0 (and -inf, NaN), as softmax needs it: Cephes' expf (about 1 ulp);
    results below FLT_MIN are flushed to 0 */
@@ -54,6 +58,8 @@ ATTR static void FN(row_to_f32)(float *restrict dst, const char *restrict src, i
 #elif ISA_LEVEL == 1
         for (; i + 8 <= n; i += 8)
             _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#elif CSIMD_ARM_Q
+        i = FN(neon_f16_to_f32)(dst, s, n);
 #endif
         for (; i < n; i++) dst[i] = f16_to_f32_sw(s[i]);
         return;
@@ -78,6 +84,8 @@ ATTR static void FN(row_from_f32)(char *restrict dst, int t, int64_t dnb, const 
 #elif ISA_LEVEL == 1
         for (; i + 8 <= n; i += 8)
             _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#elif CSIMD_ARM_Q
+        i = FN(neon_f32_to_f16)(d, src, n);
 #endif
         for (; i < n; i++) d[i] = f32_to_f16_sw(src[i]);
         return;

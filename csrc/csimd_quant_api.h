@@ -20,6 +20,9 @@ static int q_isa(void) {
     case CSIMD_ISA_AVX2: fn##_avx2(__VA_ARGS__); break;                    \
     default: fn##_scalar(__VA_ARGS__); break;                              \
     }
+#elif CSIMD_ARM64
+#define QCALL_RC(rc, fn, ...) QCALL(rc = fn, __VA_ARGS__)
+#define QCALL(fn, ...) ARM_QCALL(fn, __VA_ARGS__) /* csimd_neon_paths.h */
 #else
 #define QCALL_RC(rc, fn, ...) rc = fn##_scalar(__VA_ARGS__);
 #define QCALL(fn, ...) fn##_scalar(__VA_ARGS__);

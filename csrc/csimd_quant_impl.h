@@ -368,6 +368,8 @@ QATTR static inline float FN(q_h2f)(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+#elif CSIMD_ARM_Q
+    return FN(neon_h2f)(p);
 #else
     return q_f16(p);
 #endif
@@ -772,6 +774,23 @@ QATTR static inline __m256i FN(q_dp4)(__m256i acc, __m256i u, __m256i s) {
 }
 #endif
 
+/* out[r] += the offsets' part of w[r] . a: vectors of groups (kp / 16 is a multiple of 4) */
+QATTR static void FN(q_dot_offsets)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out) {
+    for (int r = 0; r < R; r++) {
+        if (!w[r].has_off) continue;
+        VF s = (VF){0};
+        int64_t g = 0;
+        for (; g + VL <= kp / 16; g += VL) s += *(const VFU *)(w[r].off + g) * *(const VFU *)(a->gsum + g);
+        float t = FN(hsum)(s);
+        for (; g < kp / 16; g++) t += w[r].off[g] * a->gsum[g];
+        out[r] += t;
+    }
+}
+
+#if CSIMD_ARM_Q
+QATTR static void FN(neon_q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out);
+#endif
+
 /* out[r] = w[r] . a for R (1..4) decoded weight rows against one activation row */
 QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out) {
 #if ISA_LEVEL == 2
@@ -809,6 +828,8 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
         const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
         out[r] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
     }
+#elif CSIMD_ARM_Q
+    FN(neon_q_dot)(w, R, a, kp, out);
 #else
     for (int r = 0; r < R; r++) {
         float acc[4] = {0, 0, 0, 0};
@@ -821,16 +842,11 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
         out[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 #endif
-    for (int r = 0; r < R; r++) { /* the offsets: vectors of groups (kp / 16 is a multiple of 4) */
-        if (!w[r].has_off) continue;
-        VF s = (VF){0};
-        int64_t g = 0;
-        for (; g + VL <= kp / 16; g += VL) s += *(const VFU *)(w[r].off + g) * *(const VFU *)(a->gsum + g);
-        float t = FN(hsum)(s);
-        for (; g < kp / 16; g++) t += w[r].off[g] * a->gsum[g];
-        out[r] += t;
-    }
+    FN(q_dot_offsets)(w, R, a, kp, out);
 }
+#if CSIMD_ARM_Q
+#include "csimd_neon_quant.h"
+#endif
 
 /* ------------------------------------------------------------ fused matrix-vector dot products
    For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
@@ -1358,7 +1374,21 @@ QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, con
             q_wrow_at(&w[r], *wbuf + wb * (size_t)r, kp);
             FN(q_wrow_fill)(qa, (const uint8_t *)(gw[g] + (m + r) * wnb1), K, kp, &w[r]);
         }
-        for (int64_t j = j0; j < j1; j++) {
+        int64_t j = j0;
+#if CSIMD_ARM_Q >= 3
+        for (; j + 2 <= j1; j += 2) { /* i8mm: two activation rows per pass (smmla's 2x2 blocks) */
+            q_arow a0, a1;
+            q_arow_at(&a0, (char *)acts + ab * (size_t)arow[j], kp);
+            q_arow_at(&a1, (char *)acts + ab * (size_t)arow[j + 1], kp);
+            float o0[4], o1[4];
+            FN(neon_q_dot_mm)(w, R, &a0, &a1, kp, o0, o1);
+            for (int r = 0; r < R; r++) {
+                out[j][m + r] = o0[r];
+                out[j + 1][m + r] = o1[r];
+            }
+        }
+#endif
+        for (; j < j1; j++) {
             q_arow ar;
             q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
             float o[4];
