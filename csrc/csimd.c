@@ -330,11 +330,17 @@ int csimd_cpy(const csimd_tensor *a, const csimd_tensor *d, int nth) {
     return 0;
 }
 
+/* GET_ROWS's operands (either kernel): d[:, i, j, k] takes row idx[i, j, k] of a's matrix (j, k), every
+   index within a's rows */
+static int get_rows_ok(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d) {
+    return nonneg(idx) && nonneg(d) && idx->type == CSIMD_I32 && d->ne[0] == a->ne[0] && idx->ne[0] >= d->ne[1] &&
+           idx->ne[1] >= d->ne[2] && idx->ne[2] >= d->ne[3] && a->ne[2] >= d->ne[2] && a->ne[3] >= d->ne[3] &&
+           rows_in_range(idx, d, a->ne[1]);
+}
+
 int csimd_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
-    if (!nonneg(a) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || d->ne[0] != a->ne[0] ||
-        (a->type == CSIMD_I32) != (d->type == CSIMD_I32) || a->type == CSIMD_I64 ||
-        idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] || a->ne[2] < d->ne[2] ||
-        a->ne[3] < d->ne[3] || !rows_in_range(idx, d, a->ne[1]))
+    if (!nonneg(a) || (a->type == CSIMD_I32) != (d->type == CSIMD_I32) || a->type == CSIMD_I64 ||
+        !get_rows_ok(a, idx, d))
         return -1;
     nth = clamp_threads(nth);
     CALL(get_rows, a, idx, d, nth)
@@ -548,21 +554,27 @@ int csimd_argsort(int descending, const csimd_tensor *a, const csimd_tensor *d, 
     return failed ? -2 : 0;
 }
 
+/* SET_ROWS's operands (either kernel): b's rows [n0, m, nj, nk] to rows c[i, j mod C1, k mod C2] of d, every
+   index within d's rows */
+static int set_rows_ok(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d) {
+    if (!nonneg(b) || !nonneg(c) || (c->type != CSIMD_I32 && c->type != CSIMD_I64) || b->ne[0] != d->ne[0] ||
+        b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] || c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 ||
+        c->ne[2] <= 0)
+        return 0;
+    for (int64_t k = 0; k < c->ne[2]; k++)
+        for (int64_t j = 0; j < c->ne[1]; j++)
+            for (int64_t i = 0; i < b->ne[1]; i++) {
+                const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
+                if (r < 0 || r >= d->ne[1]) return 0;
+            }
+    return 1;
+}
+
 /* SET_ROWS: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] converted to d's type (d is the
    destination's memory; the other rows are left as they are). Indices are checked first. */
 int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int nth) {
-    if (!nonneg(b) || !nonneg(c) || !nonneg(d) || (c->type != CSIMD_I32 && c->type != CSIMD_I64) ||
-        d->type == CSIMD_I32 ||
-        b->type == CSIMD_I32 || b->ne[0] != d->ne[0] || b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] ||
-        c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 || c->ne[2] <= 0)
-        return -1;
+    if (!nonneg(d) || d->type == CSIMD_I32 || b->type == CSIMD_I32 || !set_rows_ok(b, c, d)) return -1;
     const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
-    for (int64_t k = 0; k < c->ne[2]; k++)
-        for (int64_t j = 0; j < c->ne[1]; j++)
-            for (int64_t i = 0; i < m; i++) {
-                const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
-                if (r < 0 || r >= d->ne[1]) return -1;
-            }
     nth = clamp_threads(nth);
     (void)nth;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)

@@ -167,10 +167,7 @@ static void q_row_dequant(int t, const char *src, float *dst, int64_t n) {
 /* GET_ROWS from a quantized a: d[:, i, j, k] (F32/F16/BF16) = a's row idx[i, j, k] of matrix (j, k), dequantized */
 int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
     const int qt = q_type_of(a);
-    if (qt < 0 || !q_view_ok(a, qt) || !nonneg(idx) || !nonneg(d) || idx->type != CSIMD_I32 || !is_float(d->type) ||
-        d->ne[0] != a->ne[0] || idx->ne[0] < d->ne[1] || idx->ne[1] < d->ne[2] || idx->ne[2] < d->ne[3] ||
-        a->ne[2] < d->ne[2] || a->ne[3] < d->ne[3] || !rows_in_range(idx, d, a->ne[1]))
-        return -1;
+    if (qt < 0 || !q_view_ok(a, qt) || !is_float(d->type) || !get_rows_ok(a, idx, d)) return -1;
     const int64_t n0 = d->ne[0], nr = nrows_of(d);
     int failed = 0;
     nth = clamp_threads(nth);
@@ -301,18 +298,10 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
    finite (Q_NONFINITE otherwise, nothing written). */
 int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth) {
     const int qd = q_type_of(d);
-    if (qd < 0 || !q_view_ok(d, qd) || !q_has_quantizer(qd) || mode < 0 || mode > 1 || !nonneg(b) || !nonneg(c) ||
-        (c->type != CSIMD_I32 && c->type != CSIMD_I64) || !is_float(b->type) || b->ne[0] != d->ne[0] ||
-        b->ne[2] != d->ne[2] || b->ne[3] != d->ne[3] || c->ne[0] != b->ne[1] || c->ne[3] != 1 || c->ne[1] <= 0 ||
-        c->ne[2] <= 0)
+    if (qd < 0 || !q_view_ok(d, qd) || !q_has_quantizer(qd) || mode < 0 || mode > 1 || !is_float(b->type) ||
+        !set_rows_ok(b, c, d))
         return -1;
     const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
-    for (int64_t k = 0; k < c->ne[2]; k++)
-        for (int64_t j = 0; j < c->ne[1]; j++)
-            for (int64_t i = 0; i < m; i++) {
-                const int64_t r = load_index(ELT(c, i, j, k, 0), c->type);
-                if (r < 0 || r >= d->ne[1]) return -1;
-            }
     int failed = 0;
     nth = clamp_threads(nth);
     if (!q_all_finite(b, nth)) return Q_NONFINITE;

@@ -148,6 +148,14 @@ def _st(o, kind, i3, i2, i1, i0, v):
 
 
 # ------------------------------------------------------------------ elementwise
+@njit(inline="always", **_OPTS)
+def row_index(r, n1, n2):
+    """(i3, i2, i1) of the r-th row of a tensor with n1 rows per matrix and n2 matrices per batch (ggml's row
+    order: the loops over rows run flat, so one prange spreads every row over the threads)."""
+    t = r // n1
+    return t // n2, t % n2, r % n1
+
+
 @njit(**_OPTS)
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
@@ -238,10 +246,7 @@ def unary_value(op, x, p0, p1, p2, p3):
 def unary(x, lx, o, kind, op, p0, p1, p2, p3):
     n3, n2, n1, n0 = o.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         for i0 in range(n0):
             st(o, kind, i3, i2, i1, i0, unary_value(op, ld(x, lx, i3, i2, i1, i0), p0, p1, p2, p3))
 
@@ -252,10 +257,7 @@ def binary(a, la, b, lb, o, kind, op, p0, p1):
     n3, n2, n1, n0 = o.shape
     m3, m2, m1, m0 = b.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         j3 = i3 % m3
         j2 = i2 % m2
         j1 = i1 % m1
@@ -282,10 +284,7 @@ def binary(a, la, b, lb, o, kind, op, p0, p1):
 def adamw(a, g, m, v, o, alpha, beta1, beta2, eps, wd, beta1h, beta2h):
     n3, n2, n1, n0 = o.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         for i0 in range(n0):
             gi = np.float64(g[i3, i2, i1, i0])
             mi = beta1 * np.float64(m[i3, i2, i1, i0]) + (1.0 - beta1) * gi
@@ -305,10 +304,7 @@ def cpy(s, ls, o, kind, raw, tile):
     n3, n2, n1, n0 = o.shape
     m3, m2, m1, m0 = s.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         j3 = i3 % m3
         j2 = i2 % m2
         j1 = i1 % m1
@@ -373,10 +369,7 @@ def reduce_all(x, lx, y, ly, o, kind, mode):
     nr = n3 * n2 * n1
     part = np.zeros(nr, np.float64)
     for r in prange(nr):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         acc = 0.0
         if mode == 0:
             for i0 in range(n0):
@@ -412,10 +405,7 @@ def argmax(x, o):
 def get_rows(a, la, idx, o):
     n3, n2, n1, n0 = o.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         row = idx[0, i3, i2, i1]
         for i0 in range(n0):
             o[i3, i2, i1, i0] = ld(a, la, i3, i2, row, i0)
@@ -430,10 +420,7 @@ def rows(x, lx, y, ly, o, kind, op, p0):
     n3, n2, n1 = x.shape[0], x.shape[1], x.shape[2]
     n0 = x.shape[3]
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         if op == 0 or op == 1:
             acc = 0.0
             for i0 in range(n0):
@@ -506,10 +493,7 @@ def soft_max(x, mask, lm, sinks, o, slopes, scale, has_mask, has_sinks):
     n3, n2, n1, n0 = o.shape
     m3, m2 = mask.shape[0], mask.shape[1]
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         slope = slopes[i2]
         j3 = i3 % m3
         j2 = i2 % m2
@@ -561,10 +545,7 @@ def cross_entropy(a, b, o, g, mode):
     nr = n3 * n2 * n1
     part = np.zeros(nr, np.float64)
     for r in prange(nr):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         mx, lse = _row_max_lse(a, i3, i2, i1)
         if mode == 0:
             acc = 0.0
@@ -589,10 +570,7 @@ def cross_entropy_ids(a, ids, o, g, mode):
     nr = n3 * n2 * n1
     part = np.zeros(nr, np.float64)
     for r in prange(nr):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         mx, lse = _row_max_lse(a, i3, i2, i1)
         k = ids[i3, i2, i1]
         if mode == 0:
@@ -646,10 +624,7 @@ def glu(a, la, b, lb, o, kind, op, split, swapped, alpha, limit):
     ox = n0 if (split and swapped) else 0
     og = 0 if not split else (0 if swapped else n0)
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         for i0 in range(n0):
             x = ld(a, la, i3, i2, i1, i0 + ox)
             if split:
@@ -673,10 +648,7 @@ def concat(a, b, o, ax):
     n3, n2, n1, n0 = o.shape
     na = a.shape[ax]
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         for i0 in range(n0):
             if ax == 0:
                 k = i3
@@ -706,10 +678,7 @@ def index_map(x, o, mode, l3, l2, l1, l0, circular):
     n3, n2, n1, n0 = o.shape
     m3, m2, m1, m0 = x.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         if mode == 2:
             for i0 in range(n0):
                 o[i3, i2, i1, i0] = x[i3, i2, 0, i0] if i0 == i1 else 0.0
@@ -742,10 +711,7 @@ def argsort(x, o, desc):
     """o[.., i0] = the indices that sort each row ascending (desc: descending); stable."""
     n3, n2, n1, n0 = x.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         row = np.empty(n0, np.float64)
         for i0 in range(n0):
             v = np.float64(x[i3, i2, i1, i0])

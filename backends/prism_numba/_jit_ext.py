@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import _OPTS, ld, st
+from ._jit import _OPTS, ld, row_index, st
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -342,10 +342,7 @@ def upscale(x, o, i3s, i2s, y0, y1, dy, x0, x1, dx, bilinear):
     neighbours (y0, y1, x0, x1) with weights dy, dx, interpolating dim 1 first."""
     n3, n2, n1, n0 = o.shape
     for r in prange(n3 * n2 * n1):
-        i1 = r % n1
-        t = r // n1
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, i1 = row_index(r, n1, n2)
         j3 = i3s[i3]
         j2 = i2s[i2]
         ya = y0[i1]

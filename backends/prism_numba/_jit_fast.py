@@ -345,6 +345,28 @@ def _cv32(v, lut):
     return impl
 
 
+@njit(inline="always", **_MM_OPTS)
+def dot_rows8(rows, r, y, lut, out, m):
+    """out[m + i] = rows[r + i] . y for i < 8, float32 sums (F16/BF16 rows through lut): eight rows share each
+    load of y, eight independent accumulation streams. Inlined into its callers (here and _jit_quant), so
+    a change here needs their caches rebuilt too (numba keys a cache on the caller's file only)."""
+    x0, x1, x2, x3 = rows[r], rows[r + 1], rows[r + 2], rows[r + 3]
+    x4, x5, x6, x7 = rows[r + 4], rows[r + 5], rows[r + 6], rows[r + 7]
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
+    for k in range(y.shape[0]):
+        yk = y[k]
+        s0 += cv32(x0[k], lut) * yk
+        s1 += cv32(x1[k], lut) * yk
+        s2 += cv32(x2[k], lut) * yk
+        s3 += cv32(x3[k], lut) * yk
+        s4 += cv32(x4[k], lut) * yk
+        s5 += cv32(x5[k], lut) * yk
+        s6 += cv32(x6[k], lut) * yk
+        s7 += cv32(x7[k], lut) * yk
+    out[m], out[m + 1], out[m + 2], out[m + 3] = s0, s1, s2, s3
+    out[m + 4], out[m + 5], out[m + 6], out[m + 7] = s4, s5, s6, s7
+
+
 TILE_M = 64  # rows of a per task (multiple of 4)
 TILE_N = 64  # rows of b per task (multiple of 4)
 BLOCK_K = 512  # measured: 10-25% faster than 256 on the benchmark shapes; panels of 128 KiB stay in L2
@@ -377,6 +399,7 @@ def mul_mat(a, la, b, o):
             i3 = t // n2
             k3 = i3 // r3
             k2 = i2 // r2
+            ak = a[k3, k2]
             m = jm * rows
             me = min(m + rows, nm)
             for q in range(nn):
@@ -384,33 +407,7 @@ def mul_mat(a, la, b, o):
                 orow = o[i3, i2, q]
                 mm = m
                 while mm + 8 <= me:  # eight rows of a share each load of b: eight independent streams
-                    x0 = a[k3, k2, mm]
-                    x1 = a[k3, k2, mm + 1]
-                    x2 = a[k3, k2, mm + 2]
-                    x3 = a[k3, k2, mm + 3]
-                    x4 = a[k3, k2, mm + 4]
-                    x5 = a[k3, k2, mm + 5]
-                    x6 = a[k3, k2, mm + 6]
-                    x7 = a[k3, k2, mm + 7]
-                    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-                    for k in range(nk):
-                        yk = y[k]
-                        s0 += cv32(x0[k], la) * yk
-                        s1 += cv32(x1[k], la) * yk
-                        s2 += cv32(x2[k], la) * yk
-                        s3 += cv32(x3[k], la) * yk
-                        s4 += cv32(x4[k], la) * yk
-                        s5 += cv32(x5[k], la) * yk
-                        s6 += cv32(x6[k], la) * yk
-                        s7 += cv32(x7[k], la) * yk
-                    orow[mm] = s0
-                    orow[mm + 1] = s1
-                    orow[mm + 2] = s2
-                    orow[mm + 3] = s3
-                    orow[mm + 4] = s4
-                    orow[mm + 5] = s5
-                    orow[mm + 6] = s6
-                    orow[mm + 7] = s7
+                    dot_rows8(ak, mm, y, la, orow, mm)
                     mm += 8
                 while mm < me:
                     x0 = a[k3, k2, mm]

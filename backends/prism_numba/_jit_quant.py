@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._jit_fast import dot_rows8
+
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 _DOT_OPTS = dict(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
 
@@ -333,33 +335,7 @@ def q_mul_mat(fmt, a, b, o):
                         y = b[i3, i2, q]
                         orow = o[i3, i2, q]
                         if g == GROUP:
-                            x0 = tile[0]
-                            x1 = tile[1]
-                            x2 = tile[2]
-                            x3 = tile[3]
-                            x4 = tile[4]
-                            x5 = tile[5]
-                            x6 = tile[6]
-                            x7 = tile[7]
-                            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-                            for k in range(nk):
-                                yk = y[k]
-                                s0 += x0[k] * yk
-                                s1 += x1[k] * yk
-                                s2 += x2[k] * yk
-                                s3 += x3[k] * yk
-                                s4 += x4[k] * yk
-                                s5 += x5[k] * yk
-                                s6 += x6[k] * yk
-                                s7 += x7[k] * yk
-                            orow[m0] = s0
-                            orow[m0 + 1] = s1
-                            orow[m0 + 2] = s2
-                            orow[m0 + 3] = s3
-                            orow[m0 + 4] = s4
-                            orow[m0 + 5] = s5
-                            orow[m0 + 6] = s6
-                            orow[m0 + 7] = s7
+                            dot_rows8(tile, 0, y, y, orow, m0)
                         else:
                             for gi in range(g):
                                 x = tile[gi]
