@@ -498,39 +498,29 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qkx2_quants(int
     return scale;
 }
 
-/* Q4_K (five = 0) and Q5_K (five = 1) as ggml's quantize_row_q4_K_ref / q5_K_ref */
-__attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const float *x, uint8_t *y, int five) {
+/* What Q4_K and Q5_K quantizers share once each group's 6-bit scale and min codes ls[j], lm[j] are chosen:
+   the codes packed into y's 12 scale bytes, the super-block scale d and min dmin stored as F16, then every
+   value requantized against its group's stored (F16-rounded) scale and min and packed (Q5_K's fifth bits
+   into qh) */
+__attribute__((optimize("fp-contract=off"))) static void q_k45_store(const float *x, uint8_t *y, const uint8_t *ls,
+                                                                     const uint8_t *lm, float d_block, float m_block,
+                                                                     int five) {
     const int nmax = five ? 31 : 15;
     uint8_t L[256];
-    float weights[32], mins[8], scales[8], max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; j++) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        const float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = q_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], five ? -0.5f : -1.0f, 0.1f,
-                                       five ? 15 : 20, 0);
-        if (scales[j] > max_scale) max_scale = scales[j];
-        if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
     uint8_t *sc = y + 4;
     memset(sc, 0, 12);
     for (int j = 0; j < 8; j++) {
-        uint8_t ls = (uint8_t)q_nearest_int(inv_scale * scales[j]), lm = (uint8_t)q_nearest_int(inv_min * mins[j]);
-        ls = ls < 63 ? ls : 63;
-        lm = lm < 63 ? lm : 63;
         if (j < 4) {
-            sc[j] = ls;
-            sc[j + 4] = lm;
+            sc[j] = ls[j];
+            sc[j + 4] = lm[j];
         } else {
-            sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            sc[j] |= (uint8_t)((lm >> 4) << 6);
+            sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
         }
     }
-    q_put_f16(y, max_scale / 63.f);
-    q_put_f16(y + 2, max_min / 63.f);
+    q_put_f16(y, d_block);
+    q_put_f16(y + 2, m_block);
     const float dh = q_f16(y), dminh = q_f16(y + 2);
     for (int j = 0; j < 8; j++) {
         int s, m;
@@ -538,9 +528,9 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const fl
         const float d = dh * (float)s;
         if (!d) continue;
         const float dm = dminh * (float)m;
-        for (int ii = 0; ii < 32; ii++) {
-            const int l = q_nearest_int((x[32 * j + ii] + dm) / d);
-            L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        for (int i = 0; i < 32; i++) {
+            const int l = q_nearest_int((x[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
         }
     }
     if (!five) {
@@ -557,6 +547,31 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const fl
             if (l2 > 15) { l2 -= 16; qh[j] |= (uint8_t)(2u << (2 * c)); }
             ql[32 * c + j] = (uint8_t)(l1 | (l2 << 4));
         }
+}
+
+/* Q4_K (five = 0) and Q5_K (five = 1) as ggml's quantize_row_q4_K_ref / q5_K_ref */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const float *x, uint8_t *y, int five) {
+    const int nmax = five ? 31 : 15;
+    uint8_t L[256];
+    float weights[32], mins[8], scales[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = q_make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], five ? -0.5f : -1.0f, 0.1f,
+                                       five ? 15 : 20, 0);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        const uint8_t s = (uint8_t)q_nearest_int(inv_scale * scales[j]), m = (uint8_t)q_nearest_int(inv_min * mins[j]);
+        ls[j] = s < 63 ? s : 63; /* clamped after the cast to uint8_t, as ggml */
+        lm[j] = m < 63 ? m : 63;
+    }
+    q_k45_store(x, y, ls, lm, max_scale / 63.f, max_min / 63.f, five);
 }
 
 /* Q2_K as ggml's quantize_row_q2_K_ref: 16 groups of 16, make_qkx2_quants with |x| weights and absolute

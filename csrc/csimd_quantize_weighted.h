@@ -243,51 +243,13 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k_w(const 
         scales[j] = q_make_qkx3_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j]);
     }
     const float d_block = q_make_qp_quants(8, 63, scales, Ls, sw), m_block = q_make_qp_quants(8, 63, mins, Lm, sw);
-    uint8_t *sc = y + 4;
-    memset(sc, 0, 12);
-    for (int j = 0; j < 8; j++) {
-        uint8_t ls = Ls[j], lm = Lm[j];
-        if (five) {
-            ls = ls < 63 ? ls : 63;
-            lm = lm < 63 ? lm : 63;
+    if (five)
+        for (int j = 0; j < 8; j++) {
+            Ls[j] = Ls[j] < 63 ? Ls[j] : 63;
+            Lm[j] = Lm[j] < 63 ? Lm[j] : 63;
         }
-        if (j < 4) {
-            sc[j] = ls;
-            sc[j + 4] = lm;
-        } else {
-            sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            sc[j] |= (uint8_t)((lm >> 4) << 6);
-        }
-    }
-    q_put_f16(y, d_block);
-    q_put_f16(y + 2, m_block);
-    const float dh = q_f16(y), dminh = q_f16(y + 2);
-    for (int j = 0; j < 8; j++) {
-        int s, m;
-        q_k_scale_min(sc, j, &s, &m);
-        const float d = dh * (float)s;
-        if (!d) continue;
-        const float dm = dminh * (float)m;
-        for (int i = 0; i < 32; i++) {
-            const int l = q_nearest_int((x[32 * j + i] + dm) / d);
-            L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
-        }
-    }
-    if (!five) {
-        for (int c = 0; c < 4; c++)
-            for (int l = 0; l < 32; l++) y[16 + 32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + l + 32] << 4));
-        return;
-    }
-    uint8_t *qh = y + 16, *ql = y + 48;
-    memset(qh, 0, 32);
-    for (int c = 0; c < 4; c++)
-        for (int j = 0; j < 32; j++) {
-            int l1 = L[64 * c + j], l2 = L[64 * c + j + 32];
-            if (l1 > 15) { l1 -= 16; qh[j] |= (uint8_t)(1u << (2 * c)); }
-            if (l2 > 15) { l2 -= 16; qh[j] |= (uint8_t)(2u << (2 * c)); }
-            ql[32 * c + j] = (uint8_t)(l1 | (l2 << 4));
-        }
+    q_k45_store(x, y, Ls, Lm, d_block, m_block, five);
+}
 }
 
 /* ---------------------------------------------------------------- IQ4_NL's chunk path (one block of 32) */
