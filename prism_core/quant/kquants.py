@@ -192,9 +192,17 @@ def quantize_q2_K(blocks: np.ndarray) -> np.ndarray:
         sc = ((ls & 0xFF) | (lm << 4)) & 0xFF
         d = fp16_bits(select(has_s, max_scale / q4, F32(0)))
         dmin = fp16_bits(select(has_m, max_min / q4, F32(0)))
-        dl = (fp16_value(d)[:, None] * (sc & 0xF).astype(F32)).reshape(-1)
-        ml = (fp16_value(dmin)[:, None] * (sc >> 4).astype(F32)).reshape(-1)
-        L = _from_position(_requant(x, L, dl, ml, 0, 3), nb)
+        return _q2_K_store(x, L, sc, d, dmin)
+
+
+def _q2_K_store(x: np.ndarray, L: np.ndarray, sc: np.ndarray, d: np.ndarray, dmin: np.ndarray) -> np.ndarray:
+    """Q2_K blocks once the 4-bit scale and min codes ``sc`` (nb, 16) and the F16 bits ``d``/``dmin`` are
+    chosen (both Q2_K quantizers): each value (x and its levels L by position) requantized against its
+    group's stored scale and min, then packed."""
+    nb = len(sc)
+    dl = (fp16_value(d)[:, None] * (sc & 0xF).astype(F32)).reshape(-1)
+    ml = (fp16_value(dmin)[:, None] * (sc >> 4).astype(F32)).reshape(-1)
+    L = _from_position(_requant(x, L, dl, ml, 0, 3), nb)
     out = np.empty((nb, 84), np.uint8)
     out[:, :16] = sc
     out[:, 16:80] = pack_2bit_128(L)

@@ -17,6 +17,7 @@ from .kquants import (
     _by_position,
     _errstate,
     _from_position,
+    _q2_K_store,
     _requant,
     make_qkx2_quants,
     make_qx_quants_rmse1,
@@ -100,16 +101,7 @@ def quantize_q2_K_w(blocks: np.ndarray, qw: np.ndarray) -> np.ndarray:
         Ls, dm = make_qp_quants(np.ascontiguousarray(scales.reshape(nb, 16).T), 15, sw)
         Lm, mm = make_qp_quants(np.ascontiguousarray(mins.reshape(nb, 16).T), 15, sw)
         sc = (Ls.T | (Lm.T << 4)).astype(np.uint8)
-        d, dmin = fp16_bits(dm), fp16_bits(mm)
-        dl = (fp16_value(d)[:, None] * (sc & 0xF).astype(F32)).reshape(-1)
-        ml = (fp16_value(dmin)[:, None] * (sc >> 4).astype(F32)).reshape(-1)
-        L = _from_position(_requant(x, L, dl, ml, 0, 3), nb)
-    out = np.empty((nb, 84), np.uint8)
-    out[:, :16] = sc
-    out[:, 16:80] = pack_2bit_128(L)
-    out[:, 80:82] = d.view(np.uint8).reshape(nb, 2)
-    out[:, 82:84] = dmin.view(np.uint8).reshape(nb, 2)
-    return out
+        return _q2_K_store(x, L, sc, fp16_bits(dm), fp16_bits(mm))
 
 
 def quantize_q3_K_w(blocks: np.ndarray, qw: np.ndarray) -> np.ndarray:
