@@ -83,13 +83,13 @@ def test_prism_run_cli_streams_and_reports(capsys):
     assert out["threads"] == pc.backend().threads
     assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--temp", "0", "--seed", "1"]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith(" the") and f"[{best}] prompt 6 tokens:" in captured.err
+    assert captured.out.startswith(PROMPT + " the") and f"[{best}] prompt 6 tokens:" in captured.err
 
 
 def test_prism_run_refusals(capsys):
     from prism_core.cli import main
-    assert main(["run", "gemma3-270m", "-p", "", "-n", "2"]) == 1
-    assert "the prompt is empty" in capsys.readouterr().err
+    assert main(["run", "gemma3-270m", "-p", "", "-n", "2", "--json"]) == 0  # as llama.cpp: BOS (id 2) alone
+    assert json.loads(capsys.readouterr().out)["prompt_ids"] == [2]
     assert main(["run", "gemma3-270m", "-p", "x", "--temp", "-1"]) == 1
     assert "temperature must be a number in [0.0" in capsys.readouterr().err
     assert main(["run", "no-such-model.gguf", "-p", "x"]) == 1
@@ -170,7 +170,7 @@ def test_a_character_cut_at_the_end_keeps_its_bytes(capsys, monkeypatch):
     want = tok.piece_bytes(first, False).decode() + "\ufffd"
     for script, n in (([first, byte_c3], "2"), ([first, byte_c3, 1], "5")):
         monkeypatch.setattr("prism_core.models.Sampler", lambda script=script, **kw: Scripted(script))
-        assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", n, "--backend", best]) == 0
+        assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", n, "--backend", best, "--no-display-prompt"]) == 0
         assert capsys.readouterr().out == want + "\n"
         monkeypatch.setattr("prism_core.models.Sampler", lambda script=script, **kw: Scripted(script))
         assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", n, "--backend", best, "--json"]) == 0

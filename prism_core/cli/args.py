@@ -57,3 +57,14 @@ def jobs_arg(text: str) -> int:
     if text == "auto":
         return os.cpu_count() or 1
     return int_at_least(1)(text)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default in ``--help`` (as llama.cpp's tools), unless its help already says it or
+    there is none (a default of None, or a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"

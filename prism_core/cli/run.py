@@ -11,25 +11,33 @@ import sys
 import time
 
 from ..settings import ENV_THREADS, MAX_THREADS
+from .args import DefaultsHelpFormatter
 from .lora_args import add_lora_args, lora_list
 
 
 def add_parser(sub) -> None:
-    r = sub.add_parser("run", help="generate text with a GGUF language model (a path, or gemma3-270m)")
+    r = sub.add_parser("run", help="generate text with a GGUF language model (a path, or gemma3-270m)",
+                       formatter_class=DefaultsHelpFormatter)
     r.add_argument("model", help="a GGUF file, or a known model name: gemma3-270m")
-    r.add_argument("-p", "--prompt", required=True)
-    r.add_argument("-n", "--n-predict", type=_nonneg_int, default=64, help="tokens to generate (default 64)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="the prompt; an empty one is the BOS token alone, as llama.cpp")
+    src.add_argument("-f", "--file", help="read the prompt from this file (UTF-8)")
+    r.add_argument("-n", "--n-predict", type=_n_predict, default=64,
+                   help="tokens to generate; -1: until end-of-generation, bounded by the context")
+    r.add_argument("--no-display-prompt", action="store_true",
+                   help="do not echo the prompt before the generated text (llama-cli echoes it)")
     r.add_argument("--backend", default=None, help="backend name (default: the best available)")
     r.add_argument("-t", "--threads", type=_threads, default=None,
                    help=f"threads per kernel, 1 to {MAX_THREADS} (default: $PRISM_NUM_THREADS, else every core)")
-    r.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    r.add_argument("--top-k", type=_nonneg_int, default=40)
-    r.add_argument("--top-p", type=float, default=0.95)
-    r.add_argument("--min-p", type=float, default=0.05)
-    r.add_argument("--repeat-penalty", type=float, default=1.0)
-    r.add_argument("--seed", type=_nonneg_int, default=None)
-    r.add_argument("--ctx-size", type=_nonneg_int, default=None, help="context length (default min(2048, trained))")
-    r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"))
+    r.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    r.add_argument("--top-k", type=_nonneg_int, default=40, help="keep the k most likely tokens; 0: off")
+    r.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
+    r.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min_p times the top one's; 0: off")
+    r.add_argument("--repeat-penalty", type=float, default=1.0, help="penalise the last 64 tokens; 1: off")
+    r.add_argument("-s", "--seed", type=_nonneg_int, default=None, help="sampler seed (default: a random one)")
+    r.add_argument("-c", "--ctx-size", type=_nonneg_int, default=None,
+                   help="context length (default: min(2048, trained))")
+    r.add_argument("--cache-type", default="f16", choices=("f16", "f32", "q8_0"), help="KV cache type")
     r.add_argument("--no-flash-attn", action="store_true",
                    help="attend as llama.cpp's default graph (K·q, softmax, V·p) instead of the fused FLASH_ATTN_EXT")
     add_lora_args(r)
@@ -52,6 +60,24 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
+def _n_predict(s: str) -> int:
+    if s.strip() == "-1":
+        return -1
+    return _nonneg_int(s)
+
+
+def prompt_ids(model, prompt: str) -> list[int]:
+    """The prompt's ids as llama.cpp's tools tokenize it: an empty prompt is the BOS token alone (nothing
+    when the vocabulary adds none, which is refused: a model needs at least one token)."""
+    from ..errors import InvalidArgument
+    if prompt:
+        return model.encode(prompt)
+    ids = model.tokenizer.encode("", add_special=True, parse_special=True)
+    if not ids:
+        raise InvalidArgument("the prompt is empty and the vocabulary adds no BOS token to start from")
+    return ids
+
+
 def _threads(s: str) -> int:
     v = _nonneg_int(s)
     if not 1 <= v <= MAX_THREADS:
@@ -66,6 +92,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threads is not None:  # every backend reads the one setting when it is selected
         os.environ[ENV_THREADS] = str(args.threads)
     try:
+        prompt = args.prompt
+        if args.file is not None:
+            try:
+                with open(args.file, encoding="utf-8") as fh:
+                    prompt = fh.read()
+            except (OSError, UnicodeDecodeError) as e:
+                print(f"prism run: cannot read the prompt file {args.file!r}: {e}", file=sys.stderr)
+                return 1
         sampler = Sampler(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, seed=args.seed)
         model, load_s, ids = None, 0.0, []
@@ -74,12 +108,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, cache_type=args.cache_type,
                          flash_attn=not args.no_flash_attn, lora=lora_list(args))
             load_s = time.perf_counter() - t0
-            prompt_ids = model.encode(args.prompt)
+            p_ids = prompt_ids(model, prompt)
+            n_predict = args.n_predict if args.n_predict >= 0 else max(model.cache.n_ctx - len(p_ids), 0)
             ids, pieces, first = [], [], None
+            if not args.json and not args.no_display_prompt:
+                sys.stdout.write(prompt)  # as llama-cli: the prompt, then its continuation
+                sys.stdout.flush()
             # stdout is the pieces' bytes decoded as they come, always valid UTF-8: a character cut at the
             # end shows as U+FFFD (llama.cpp writes the raw byte, which breaks a reader decoding strictly)
             utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            for tok in model.generate(prompt_ids, max_tokens=args.n_predict, sampler=sampler,
+            for tok in model.generate(p_ids, max_tokens=n_predict, sampler=sampler,
                                       special=args.special):
                 if first is None:
                     first = time.perf_counter() - t0
@@ -105,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     peak_mb, file_mb = _peak_and_file_mb(model)
     if args.json:
         print(json.dumps({"model": args.model, "backend": model.backend.name,
-                          "threads": model.backend.threads, "prompt_ids": prompt_ids, "ids": ids,
+                          "threads": model.backend.threads, "prompt_ids": p_ids, "ids": ids,
                           "text": b"".join(pieces).decode("utf-8", errors="replace"), "load_s": load_s,
                           "first_token_s": first,
                           "prompt_tokens": t.n_prompt, "prompt_s": t.prompt_s, "prompt_tok_s": t.prompt_tok_s,
