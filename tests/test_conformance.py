@@ -32,7 +32,9 @@ def test_cases_cover_f16_non_contiguous_and_inplace():
             assert any("inplace" in c.desc for c in cases_for(key)), f"{key}: no in-place case"
 
 
-@pytest.mark.parametrize("name", [b.name for b in pc.backends() if b.available])
+# ggml (prism_ggml) is a peer, not a port: its differences from the reference are documented in
+# docs/backends/ggml.md and checked case by case in tests/test_ggml_backend.py
+@pytest.mark.parametrize("name", [b.name for b in pc.backends() if b.available and b.name != "ggml"])
 def test_installed_backend_passes_every_case(name):
     results = run(pc.backend(name), all_cases())
     failures = [r.describe() for r in results if r.status == FAIL]

@@ -16,7 +16,6 @@ from the reference's, docs/backends/ggml.md says how and why.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Callable
 
@@ -110,13 +109,7 @@ class GgmlBackend(prism_core.Backend):
         self.prepare(node)()
 
 
-def _free_all() -> None:
-    be = _state.get("backend")
-    if be:
-        ggml_module().ggml_backend_free(be)
-
-
-__all__ = ["GgmlBackend", "ctypes"]
+__all__ = ["GgmlBackend"]
 
 
 @prism_core.hookimpl

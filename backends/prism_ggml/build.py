@@ -262,6 +262,24 @@ def _rope(n, g, ctx, s):
     return g.ggml_rope_ext(ctx, s[0], s[1], s[2], int(p["n_dims"]), mode, *args)
 
 
+@builder("SUM", "MEAN")
+def _reduce(n, g, ctx, s):
+    a = n.src[0]
+    if a.type != GGMLType.F32 or not _rows_contiguous(a):
+        raise Unsupported("a not F32 with contiguous rows")
+    return getattr(g, f"ggml_{n.opdef.key.lower()}")(ctx, s[0])
+
+
+@builder("REPEAT", "REPEAT_BACK")
+def _repeat(n, g, ctx, s):
+    a, b = n.src
+    if n.opdef.key == "REPEAT" and not _can_repeat(a, b) or n.opdef.key == "REPEAT_BACK" and not _can_repeat(b, a):
+        raise Unsupported("extents that do not repeat")
+    if a.type != GGMLType.F32 or not _rows_contiguous(a):
+        raise Unsupported("a not F32 with contiguous rows")
+    return getattr(g, f"ggml_{n.opdef.key.lower()}")(ctx, s[0], s[1])
+
+
 # ---------------------------------------------------------------- the graph of one node
 _GRAPH_SIZE = 16
 
