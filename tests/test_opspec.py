@@ -76,3 +76,14 @@ def test_cli_page_markdown_and_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert [p["key"] for p in data["ops"]] == list(OPS) and data["ops"] == json.loads(json.dumps(all_pages()))
     assert main(["ops", "NO_SUCH_OP"]) == 2
+
+
+def test_every_page_has_a_node_src_line_from_the_op_table():
+    # hand-written from ggml's ggml_soft_max_ext / ggml_soft_max_add_sinks and ggml_set_rows(ctx, a, b, c) argument
+    # order as Prism's table declares them (values, indices, destination)
+    assert page("SOFT_MAX")["node_src"] == "(a, mask|None, sinks|None)"
+    assert page("SET_ROWS")["node_src"] == "(b, c, a)"
+    assert page("ARANGE")["node_src"] == "()"
+    for key in pc.OPS:
+        md = to_markdown(page(key))
+        assert "| `node.src` |" in md, key

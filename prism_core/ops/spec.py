@@ -89,6 +89,11 @@ def _example(e: Example) -> dict[str, Any]:
             "expected": list(e.expected), "note": e.note}
 
 
+def node_src_line(d: OpDef) -> str:
+    """``node.src`` of a node of this op, from the table's sources: ``(a, mask|None, sinks|None)``."""
+    return "(" + ", ".join(f"{s.name}|None" if s.optional else s.name for s in d.srcs) + ")"
+
+
 def page(key: str) -> dict[str, Any]:
     """The specification of one op as a JSON-ready dict."""
     from .build import builders_for
@@ -98,6 +103,7 @@ def page(key: str) -> dict[str, Any]:
         "key": d.key, "op": d.op.name, "ggml_op": int(d.op),
         "sub_op": None if d.sub is None else {"name": d.sub.name, "value": int(d.sub)},
         "summary": d.doc,
+        "node_src": node_src_line(d),
         "sources": [{"name": s.name, "optional": s.optional, "types": _types(s.types),
                      "types_short": describe_types(s.types)} for s in d.srcs],
         "params": [{"name": p.name, "kind": _kind(p), "required": p.required, "default": _default(p),
@@ -167,7 +173,7 @@ def _fmt(v: Any) -> str:
 def to_markdown(p: dict[str, Any]) -> str:
     sub = f", sub-op {p['sub_op']['name']} = {p['sub_op']['value']}" if p["sub_op"] else ""
     lines = [f"# {p['key']}", "", f"ggml op {p['op']} = {p['ggml_op']}{sub}.", "", p["summary"], "",
-             "## Sources", ""]
+             "## Sources", "", "| `node.src` |", "|---|", "| `" + p["node_src"].replace("|", "\\|") + "` |", ""]
     if not p["sources"]:
         lines.append("none (the result is computed from the params alone)")
     for s in p["sources"]:
