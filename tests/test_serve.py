@@ -202,7 +202,6 @@ def test_a_model_without_a_template_gets_a_400_naming_the_key_unless_a_builtin_i
         s.stop()
 
 
-@pytest.mark.slow
 def test_queue_full_is_503_and_a_disconnect_frees_its_slot(gemma3_path):
     # the reference backend on Gemma 3 takes seconds a token: a streamed request holds its slot long enough
     s = Served(gemma3_path, "--backend", "numpy", "--parallel", "1", "--queue", "0", "-c", "128")
