@@ -14,7 +14,7 @@ from .. import __version__
 from ..errors import PrismError
 
 COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize", "finetune",
-            "export_lora", "quantize", "imatrix", "perplexity")
+            "export_lora", "quantize", "imatrix", "perplexity", "serve", "chat")
 
 
 def main(argv: list[str] | None = None) -> int:
