@@ -90,11 +90,12 @@ def test_prism_run_refusals(capsys):
     from prism_core.cli import main
     assert main(["run", "gemma3-270m", "-p", "", "-n", "2", "--json"]) == 0  # as llama.cpp: BOS (id 2) alone
     assert json.loads(capsys.readouterr().out)["prompt_ids"] == [2]
-    assert main(["run", "gemma3-270m", "-p", "x", "--temp", "-1"]) == 1
+    # a refused sampler, model or context is a usage error: exit 2, as argparse's own (-n -3 below)
+    assert main(["run", "gemma3-270m", "-p", "x", "--temp", "-1"]) == 2
     assert "temperature must be a number in [0.0" in capsys.readouterr().err
-    assert main(["run", "no-such-model.gguf", "-p", "x"]) == 1
+    assert main(["run", "no-such-model.gguf", "-p", "x"]) == 2
     assert "no model file 'no-such-model.gguf'" in capsys.readouterr().err
-    assert main(["run", "gemma3-270m", "-p", "x", "-n", "70000", "--ctx-size", "64"]) == 1
+    assert main(["run", "gemma3-270m", "-p", "x", "-n", "70000", "--ctx-size", "64"]) == 2
     assert "exceed the context of 64 tokens" in capsys.readouterr().err
     for bad in (["-n", "-3"], ["-t", "0"], ["--threads", "513"], ["-t", "two"]):
         with pytest.raises(SystemExit) as e:

@@ -11,10 +11,18 @@ import signal
 import sys
 
 from .. import __version__
-from ..errors import PrismError
+from ..errors import InvalidArgument, PrismError, UnknownBackend, Unsupported
 
 COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize", "finetune",
             "export_lora", "quantize", "imatrix", "perplexity", "serve", "chat")
+
+
+def exit_status(e: PrismError) -> int:
+    """The exit status of a command that raised ``e``: 2 for a usage error, as argparse's own (a value
+    refused: InvalidArgument and its kinds, a malformed or unknown model file, an unknown backend, something
+    not supported), 1 for a failure of the work itself (a backend unavailable here, a broken plugin,
+    training that diverged)."""
+    return 2 if isinstance(e, InvalidArgument | UnknownBackend | Unsupported) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except PrismError as e:
         print(f"prism: error: {e}", file=sys.stderr)
-        return 2
+        return exit_status(e)
     except KeyboardInterrupt:  # before or after the run proper (which reports what finished)
         print("prism: interrupted", file=sys.stderr)
         return 130

@@ -63,8 +63,7 @@ def checkpoint_path(output: str) -> str:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from ..errors import PrismError
-    from ..finetune import FinetuneConfig, TrainingDiverged, finetune
+    from ..finetune import FinetuneConfig, finetune
     from ..finetune.export import save_full
     from ..finetune.session import DEFAULT_SEED
     from ..models import load
@@ -78,7 +77,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as e:
         print(f"prism finetune: cannot read the training text {args.file}: {e}", file=sys.stderr)
-        return 1
+        return 2  # a usage error, as prism_core.cli.exit_status maps an unreadable model file
     cfg = FinetuneConfig(rank=args.lora_rank, alpha=args.lora_alpha, targets=args.lora_targets, full=args.full,
                          n_ctx=args.ctx, stride=args.stride, batch=args.batch, ubatch=args.ubatch,
                          epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay, optimizer=args.optimizer,
@@ -95,12 +94,6 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         else:
             res.lora.save(output, model.hparams.arch, {"general.name": f"prism finetune of "
                                                                         f"{Path(args.model).name}"})
-    except TrainingDiverged as e:
-        print(f"prism finetune: {e}", file=sys.stderr)
-        return 1
-    except PrismError as e:
-        print(f"prism finetune: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         kept = f"the last checkpoint, {ckpt}, is intact" if os.path.exists(ckpt) else "no checkpoint was written yet"
         print(f"\nprism finetune: interrupted; {kept} (continue with --resume)", file=sys.stderr)

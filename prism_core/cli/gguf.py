@@ -11,6 +11,7 @@ import numpy as np
 
 from ..gguf.file import GGUFFile, load
 from ..gguf.format import V
+from .args import int_at_least
 
 LONG_ARRAY = 8  # arrays longer than this are summarised: item type, length, first items
 LONG_STRING = 120
@@ -91,6 +92,6 @@ def add_parser(sub: Any) -> None:
     g = sub.add_parser("gguf", help="show a GGUF file's header, metadata and tensor table")
     g.add_argument("file", metavar="MODEL", help="a .gguf file, or a model known by name (prism models)")
     g.add_argument("--json", action="store_true", help="print it as JSON")
-    g.add_argument("--items", type=int, default=LONG_ARRAY, metavar="N",
+    g.add_argument("--items", type=int_at_least(0), default=LONG_ARRAY, metavar="N",
                    help=f"arrays longer than N are summarised by their first N items (default {LONG_ARRAY})")
     g.set_defaults(func=cmd_gguf)

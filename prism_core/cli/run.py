@@ -86,7 +86,6 @@ def _threads(s: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..errors import PrismError
     from ..models import Sampler, load
     from ..progress_bars import ProgressBars
     if args.threads is not None:  # every backend reads the one setting when it is selected
@@ -129,9 +128,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                     sys.stdout.flush()
             if not args.json:  # a character cut at the end (max_tokens or an end-of-generation token)
                 sys.stdout.write(utf8.decode(b"", final=True))
-    except PrismError as e:
-        print(f"prism run: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:  # the statistics of what was done (the reference backend takes seconds a token)
         if model is None:
             raise

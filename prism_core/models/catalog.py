@@ -21,6 +21,9 @@ KNOWN = {
 
 def resolve(model: str | os.PathLike[str]) -> str:
     """A file path, or the path of a known model's file (assembled from its package on first use)."""
+    if not isinstance(model, str | os.PathLike):
+        raise InvalidArgument(f"model must be a GGUF path or a known model name ({', '.join(sorted(KNOWN))}), "
+                              f"got {model!r:.60} ({type(model).__name__})")
     name = os.fspath(model)
     if name in KNOWN and not os.path.exists(name):
         module, requirement = KNOWN[name]

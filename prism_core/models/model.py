@@ -30,7 +30,7 @@ from .arch import arch_for
 from .blocks import Step, Weights, rms_norm
 from .kv_cache import KVCache
 from .lora import products as lora_products
-from .sampling import Sampler
+from .sampling import Sampler, checked_sampler
 
 DEFAULT_N_CTX = 2048
 MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the least recently used one is discarded
@@ -291,7 +291,7 @@ class Model:
         ``bytes`` keeps them."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = sampler if sampler is not None else Sampler.greedy()
+        sampler = checked_sampler(sampler)
         ids = self.encode(prompt)
         if len(ids) + max_tokens > self.cache.n_ctx:
             raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "

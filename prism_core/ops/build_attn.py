@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..tensor import Tensor
 from .build import _tensor_arg, node
 from .codes import RopeMode
@@ -16,9 +18,10 @@ def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None = None, n_dims:
              n_offs: int = 0, inplace: bool = False) -> Tensor:
     """Rotary position embedding of a [head_dim, n_head, n_tokens, B] (ggml order) at I32
     positions ``pos`` (one per token; four per token for the MROPE modes). ``n_dims`` = 0
-    rotates the whole row."""
+    rotates the whole row (only the int 0: None or False go to the schema, which refuses them)."""
+    whole_row = isinstance(n_dims, int | np.integer) and not isinstance(n_dims, bool) and n_dims == 0
     return node("ROPE", a, pos, freq_factors, inplace=inplace,
-                n_dims=n_dims or _tensor_arg("ROPE", "a", a).ne[0], mode=mode,
+                n_dims=_tensor_arg("ROPE", "a", a).ne[0] if whole_row else n_dims, mode=mode,
                 n_ctx_orig=n_ctx_orig, freq_base=freq_base, freq_scale=freq_scale, ext_factor=ext_factor,
                 attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow, sections=sections,
                 n_offs=n_offs)

@@ -46,6 +46,9 @@ class Param:
                 raise InvalidArgument(f"{where} must be a bool, got {value!r}")
             return bool(value)
         if isinstance(k, type) and issubclass(k, enum.IntEnum):
+            # a member or its int: True (an int in Python) or 1.0 (equal to 1) would pass Enum's lookup
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise InvalidArgument(f"{where} must be one of {[m.name for m in k]} (or its int), got {value!r}")
             try:
                 return k(value)
             except (ValueError, TypeError):

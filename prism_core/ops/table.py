@@ -829,7 +829,8 @@ define("SUM_ROWS", Op.SUM_ROWS, A, lambda d, s, p: Out(s["a"].type, _rows(s["a"]
 spec("SUM_ROWS", "a's type, ne [1, ne1, ne2, ne3]", REDUCE_SPECIAL,
      ex((6.0, 15.0), a=f32((3, 2), 1, 2, 3, 4, 5, 6)), "out[0, i1, i2, i3] = sum_i0 a[i0, i1, i2, i3]")
 define("MEAN", Op.MEAN, A, lambda d, s, p: Out(F32, _rows(s["a"])), "mean over dim 0 (per row)",
-       grad={"a": lambda B, n, g: B.repeat(B.scale(g, 1.0 / n.src[0].ne[0]), n.src[0])})
+       # a zero-extent row holds no element, so its gradient is empty: any finite scale gives that, 1/0 raised
+       grad={"a": lambda B, n, g: B.repeat(B.scale(g, 1.0 / max(n.src[0].ne[0], 1)), n.src[0])})
 spec("MEAN", "F32, ne [1, ne1, ne2, ne3]", REDUCE_SPECIAL,
      ex((2.0, 5.0), a=f32((3, 2), 1, 2, 3, 4, 5, 6)), "out[0, i1, i2, i3] = (sum_i0 a[i0, i1, i2, i3]) / ne0")
 define("ARGMAX", Op.ARGMAX, (Src("a", ONLY_F32),), _argmax_rule,

@@ -275,6 +275,8 @@ class Registry:
 
     def info(self, name: str) -> BackendInfo:
         """One backend's record, asking only that backend for its availability."""
+        if not isinstance(name, str):
+            raise InvalidArgument(f"a backend name must be a str (or None: the best available), got {name!r:.60}")
         self._load()
         entry = self._backends.get(name)
         if entry is None:

@@ -56,6 +56,9 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
+        if not isinstance(meta, Mapping):
+            raise InvalidArgument(f"from_metadata: meta must be a mapping of GGUF metadata keys (a loaded file's "
+                                  f".meta), got {type(meta).__name__}")
         return cls(vocab_from_metadata(meta))
 
     # -- facts ------------------------------------------------------------------------------
@@ -178,6 +181,9 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int], special: bool = True, remove_special: bool = False) -> bytes:
         """llama_detokenize: the pieces joined, the first one's space prefix removed where the vocabulary
         adds one, and (for vocabularies that ask for it) llama.cpp's clean-up of spaces before punctuation."""
+        if isinstance(ids, str | bytes | bytearray) or not isinstance(ids, Iterable):
+            raise InvalidArgument(f"decode: ids must be an iterable of token ids, got {ids!r:.60} "
+                                  f"({type(ids).__name__}); one token's text is piece(id)")
         ids = [self._check_id(t) for t in ids]
         v = self.vocab
         remove_space = v.add_space_prefix
