@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--in-process", action="store_true",
                    help="run the backends in this process (worker threads with the per-case timeout; 0: the "
                         "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
+    c.add_argument("--require", action="append", metavar="OP[,OP...]",
+                   help="exit 1 unless every case of these ops passed on each backend (an unsupported "
+                        "case fails the requirement; repeatable)")
+    c.add_argument("--require-all", action="store_true",
+                   help="require every op of the run that the backend computes itself (view ops are "
+                        "computed by the core and excluded)")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="also list every unsupported case with the backend's reason and its replay command")
@@ -45,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from ..conformance.report import certificate, summary, table, to_json, to_markdown
+    from ..conformance.report import certificate, summary, table, to_json, to_markdown, verdict
     from ..conformance.runner import DEFAULT_TIMEOUT, NOT_RUN, CaseResult, run, run_grad
     from ..conformance.workers import Suite, in_process_only, run_suite
     from ..ops.table import OPS, opdef
@@ -53,6 +59,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if args.case:
         return _replay(args)
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
+    require = [opdef(o.strip()).key for r in args.require or [] for o in r.split(",") if o.strip()]
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
     if args.random is not None and args.mode == "grad":
@@ -131,9 +138,16 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise PrismError(f"cannot write the {fmt} report to {path}: {e}") from None
             print(f"wrote {fmt} report to {path}")
+    if args.require_all:
+        require += [k for k in ops if not OPS[k].view_only and k not in require]
+    certified = True
+    for name, rs in results.items():
+        ok, line = verdict(name, rs, require)
+        certified &= ok
+        print(line)
     if interrupted:
         return 130
-    return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+    return 0 if certified else 1
 
 
 def _replay(args: argparse.Namespace) -> int:
