@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 
@@ -46,7 +47,7 @@ def test_views_count_as_core_and_the_verdict_counts_own_ops(addonly, capsys):
 
 def test_table_marks_views_core(addonly, capsys):
     assert cli(["conformance", "--backend", addonly, "--op", "ADD", "--op", "TRANSPOSE"]) == 0
-    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("TRANSPOSE"))
+    *_, row = (ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("TRANSPOSE"))  # the table's
     assert row.split()[1] == "core", row
 
 
@@ -88,3 +89,28 @@ def test_grad_mode_with_nothing_passed_exits_nonzero(addonly, capsys):
 def test_unknown_required_op_is_a_clear_error(capsys):
     assert cli(["conformance", "--backend", "numpy", "--op", "ADD", "--require", "NOPE"]) == 2
     assert "unknown op 'NOPE'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ conformance that talks while it works
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_rows_stream_before_the_table_and_a_bar_on_a_terminal(monkeypatch, capsys):
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli(["conformance", "--backend", "numpy", "--op", "ADD", "--op", "MUL", "--in-process"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("op "))
+    streamed = [ln.split() for ln in lines[:header] if ln.strip()]
+    assert streamed == [["ADD", "numpy", "ok", f"{len(cases_for('ADD'))}/{len(cases_for('ADD'))}"],
+                        ["MUL", "numpy", "ok", f"{len(cases_for('MUL'))}/{len(cases_for('MUL'))}"]]
+    total = len(cases_for("ADD")) + len(cases_for("MUL"))
+    assert "conformance: 100%" in err.getvalue() and f"{total}/{total}" in err.getvalue(), err.getvalue()
+
+
+def test_quiet_streams_no_rows(capsys):
+    assert cli(["conformance", "--backend", "numpy", "--op", "ADD", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert not any(ln.startswith("ADD ") for ln in out.splitlines()), out

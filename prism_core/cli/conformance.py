@@ -90,8 +90,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     def event(text: str) -> None:
         print(f"prism: {text}", file=sys.stderr, flush=True)
-    outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
-                        jobs=args.jobs, on_event=event, cases=cases)
+    stream = _Stream(cases, len(names), rows=not args.quiet)
+    with stream:
+        outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
+                            jobs=args.jobs, on_event=event, cases=cases, on_result=stream)
     interrupted, out_of_budget = outcome.interrupted, outcome.out_of_budget
     results = {}
     for name in names:
@@ -99,15 +101,22 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             results[name] = outcome.results[name]
             continue
         done: list[CaseResult] = []
+
+        def got(r: CaseResult, name: str = name, done: list[CaseResult] = done) -> None:
+            done.append(r)
+            stream(name, r)
         if not interrupted:
             try:
                 runner = run_grad if args.mode == "grad" else run
-                runner(backend(name), cases, timeout=timeout, progress=done.append, deadline=deadline)
+                with stream:
+                    runner(backend(name), cases, timeout=timeout, progress=got, deadline=deadline)
             except KeyboardInterrupt:
                 interrupted = True
         why = "not run: interrupted" if interrupted else "not run: the overall budget ran out"
         results[name] = done + [CaseResult(c, name, NOT_RUN, why) for c in cases[len(done):]]
         out_of_budget |= any(r.status == NOT_RUN for r in done)
+    if stream.printed:
+        print()
     if args.quiet:
         for name, rs in results.items():
             print(summary(name, rs))
@@ -148,6 +157,47 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 0 if certified else 1
+
+
+class _Stream:
+    """While the suite runs: one row per (backend, op) as that op's last case arrives
+    (``op  backend  cell``, on stdout), and a tqdm bar of the cases on stderr when it is a
+    terminal (prism_core.progress_bars). Called from the worker threads, one at a time."""
+
+    def __init__(self, cases: list, backends: int, rows: bool) -> None:
+        from collections import Counter, defaultdict
+        self.expected = Counter(c.key for c in cases)
+        self.width = max((len(k) for k in self.expected), default=0)
+        self.total = len(cases) * backends
+        self.rows = rows
+        self.done = 0
+        self.printed = False
+        self.got: dict[tuple[str, str], list] = defaultdict(list)
+        self.bars = None
+
+    def __enter__(self) -> _Stream:
+        from ..progress_bars import ProgressBars
+        self.bars = ProgressBars(sys.stderr).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.__exit__(*exc)
+            self.bars = None
+
+    def __call__(self, name: str, r) -> None:
+        from .. import progress
+        from ..conformance.report import cell
+        key = r.case.key
+        got = self.got[name, key]
+        got.append(r)
+        self.done += 1
+        progress.report("conformance", self.done, self.total, unit="cases", detail=f"{name} {key}")
+        if self.rows and len(got) == self.expected[key]:
+            from tqdm import tqdm
+            tqdm.write(f"{key.ljust(self.width)}  {name}  {cell(got)}", file=sys.stdout)
+            sys.stdout.flush()
+            self.printed = True
 
 
 def _replay(args: argparse.Namespace) -> int:
