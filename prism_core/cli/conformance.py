@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--in-process", action="store_true",
                    help="run the backends in this process (worker threads with the per-case timeout; 0: the "
                         "calling thread), for debugging a kernel: a crash or a GIL-holding hang ends the run")
+    c.add_argument("--require", action="append", metavar="OP[,OP...]",
+                   help="exit 1 unless every case of these ops passed on each backend (an unsupported "
+                        "case fails the requirement; repeatable)")
+    c.add_argument("--require-all", action="store_true",
+                   help="require every op of the run that the backend computes itself (view ops are "
+                        "computed by the core and excluded)")
     c.add_argument("-q", "--quiet", action="store_true", help="print only the summary line per backend")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="also list every unsupported case with the backend's reason and its replay command")
@@ -45,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:
-    from ..conformance.report import certificate, summary, table, to_json, to_markdown
+    from ..conformance.report import certificate, summary, table, to_json, to_markdown, verdict
     from ..conformance.runner import DEFAULT_TIMEOUT, NOT_RUN, CaseResult, run, run_grad
     from ..conformance.workers import Suite, in_process_only, run_suite
     from ..ops.table import OPS, opdef
@@ -53,6 +59,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if args.case:
         return _replay(args)
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
+    require = [opdef(o.strip()).key for r in args.require or [] for o in r.split(",") if o.strip()]
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
     if args.random is not None and args.mode == "grad":
@@ -83,8 +90,10 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
     def event(text: str) -> None:
         print(f"prism: {text}", file=sys.stderr, flush=True)
-    outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
-                        jobs=args.jobs, on_event=event, cases=cases)
+    stream = _Stream(cases, len(names), rows=not args.quiet)
+    with stream:
+        outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
+                            jobs=args.jobs, on_event=event, cases=cases, on_result=stream)
     interrupted, out_of_budget = outcome.interrupted, outcome.out_of_budget
     results = {}
     for name in names:
@@ -92,15 +101,22 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             results[name] = outcome.results[name]
             continue
         done: list[CaseResult] = []
+
+        def got(r: CaseResult, name: str = name, done: list[CaseResult] = done) -> None:
+            done.append(r)
+            stream(name, r)
         if not interrupted:
             try:
                 runner = run_grad if args.mode == "grad" else run
-                runner(backend(name), cases, timeout=timeout, progress=done.append, deadline=deadline)
+                with stream:
+                    runner(backend(name), cases, timeout=timeout, progress=got, deadline=deadline)
             except KeyboardInterrupt:
                 interrupted = True
         why = "not run: interrupted" if interrupted else "not run: the overall budget ran out"
         results[name] = done + [CaseResult(c, name, NOT_RUN, why) for c in cases[len(done):]]
         out_of_budget |= any(r.status == NOT_RUN for r in done)
+    if stream.printed:
+        print()
     if args.quiet:
         for name, rs in results.items():
             print(summary(name, rs))
@@ -131,9 +147,57 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise PrismError(f"cannot write the {fmt} report to {path}: {e}") from None
             print(f"wrote {fmt} report to {path}")
+    if args.require_all:
+        require += [k for k in ops if not OPS[k].view_only and k not in require]
+    certified = True
+    for name, rs in results.items():
+        ok, line = verdict(name, rs, require)
+        certified &= ok
+        print(line)
     if interrupted:
         return 130
-    return 1 if any(r.failed for rs in results.values() for r in rs) else 0
+    return 0 if certified else 1
+
+
+class _Stream:
+    """While the suite runs: one row per (backend, op) as that op's last case arrives
+    (``op  backend  cell``, on stdout), and a tqdm bar of the cases on stderr when it is a
+    terminal (prism_core.progress_bars). Called from the worker threads, one at a time."""
+
+    def __init__(self, cases: list, backends: int, rows: bool) -> None:
+        from collections import Counter, defaultdict
+        self.expected = Counter(c.key for c in cases)
+        self.width = max((len(k) for k in self.expected), default=0)
+        self.total = len(cases) * backends
+        self.rows = rows
+        self.done = 0
+        self.printed = False
+        self.got: dict[tuple[str, str], list] = defaultdict(list)
+        self.bars = None
+
+    def __enter__(self) -> _Stream:
+        from ..progress_bars import ProgressBars
+        self.bars = ProgressBars(sys.stderr).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bars is not None:
+            self.bars.__exit__(*exc)
+            self.bars = None
+
+    def __call__(self, name: str, r) -> None:
+        from .. import progress
+        from ..conformance.report import cell
+        key = r.case.key
+        got = self.got[name, key]
+        got.append(r)
+        self.done += 1
+        progress.report("conformance", self.done, self.total, unit="cases", detail=f"{name} {key}")
+        if self.rows and len(got) == self.expected[key]:
+            from tqdm import tqdm
+            tqdm.write(f"{key.ljust(self.width)}  {name}  {cell(got)}", file=sys.stdout)
+            sys.stdout.flush()
+            self.printed = True
 
 
 def _replay(args: argparse.Namespace) -> int:

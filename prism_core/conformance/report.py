@@ -33,15 +33,23 @@ def cell(results: list[CaseResult]) -> str:
         return f"FAIL {bad}/{n}" + (f" ({', '.join(why)})" if why else "")
     if c[UNSUPPORTED] == n:
         return "unsupported"
+    word = "core" if _is_view(results[0].case.key) else "ok"
     if c[UNSUPPORTED]:
-        return f"ok {c[PASS]}/{n}, {c[UNSUPPORTED]} unsup"
-    return f"ok {n}/{n}"
+        return f"{word} {c[PASS]}/{n}, {c[UNSUPPORTED]} unsup"
+    return f"{word} {n}/{n}"
+
+
+def _is_view(key: str) -> bool:
+    from ..ops.table import OPS
+    d = OPS.get(key)
+    return bool(d is not None and d.view_only)
 
 
 def op_status(results: list[CaseResult]) -> str:
     """One word per op: ok (every case passed), partial (passed some, the rest unsupported),
-    fail (any case failed, timed out, crashed or was not run), unsupported (no case
-    supported), no cases."""
+    core (a view op: the core computes it, so it passes on any backend and certifies nothing
+    about this one), fail (any case failed, timed out, crashed or was not run), unsupported
+    (no case supported), no cases."""
     if not results:
         return "no cases"
     c = Counter(r.status for r in results)
@@ -49,7 +57,37 @@ def op_status(results: list[CaseResult]) -> str:
         return "fail"
     if c[UNSUPPORTED] == len(results):
         return "unsupported"
+    if _is_view(results[0].case.key):
+        return "core"
     return "partial" if c[UNSUPPORTED] else "ok"
+
+
+def verdict(name: str, results: list[CaseResult], require: list[str] | None = None) -> tuple[bool, str]:
+    """The one line a CI log greps: ``certified: 86 cases on 5 ops; 1754 unsupported (NAME)``,
+    or ``NOT certified: <why> (NAME)``. A backend is certified when no case failed, at least one
+    case of an op it computes itself passed (view ops, computed by the core, do not count) and
+    every op of ``require`` has cases and passed all of them."""
+    by = _by_op(results)
+    c = Counter(r.status for r in results)
+    own = {op: rs for op, rs in by.items() if not _is_view(op)}
+    passed_ops = [op for op, rs in own.items() if any(r.status == PASS for r in rs)]
+    passed = sum(1 for rs in own.values() for r in rs if r.status == PASS)
+    why = []
+    bad = _bad(c)
+    if bad:
+        why.append(f"{bad} failing cases on {sum(1 for rs in by.values() if _bad(Counter(r.status for r in rs)))} ops")
+    for op in require or []:
+        rs = by.get(op, [])
+        oc = Counter(r.status for r in rs)
+        if not rs:
+            why.append(f"required op {op} has no cases in this run")
+        elif oc[UNSUPPORTED] or _bad(oc):
+            why.append(f"required op {op}: {oc[UNSUPPORTED]} unsupported, {_bad(oc)} failing of {len(rs)} cases")
+    if not passed:
+        why.append("no case passed on an op the backend computes itself")
+    if why:
+        return False, f"NOT certified: {'; '.join(why)} ({name})"
+    return True, f"certified: {passed} cases on {len(passed_ops)} ops; {c[UNSUPPORTED]} unsupported ({name})"
 
 
 def _by_op(results: list[CaseResult]) -> dict[str, list[CaseResult]]:
@@ -73,7 +111,7 @@ def summary(name: str, results: list[CaseResult]) -> str:
     more = "".join(f", {c[s]} {s}" for s in (CRASHED, NOT_RUN) if c[s])
     return (f"{name}: {c[PASS]} passed, {c[FAIL]} failed, {c[UNSUPPORTED]} unsupported cases, "
             f"{c[TIMEOUT]} timed out{more} ({ops_c['ok']} ops ok, {ops_c['partial']} partial, "
-            f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported)")
+            f"{ops_c['fail']} failing, {ops_c['unsupported']} unsupported, {ops_c['core']} core views)")
 
 
 def table(results: dict[str, list[CaseResult]], ops: list[str], verbose: bool = False) -> str:
@@ -180,8 +218,9 @@ def to_markdown(cert: dict) -> str:
         cells = []
         for b in cert["backends"]:
             o = b["ops"][op]
-            if o["status"] in ("ok", "partial"):
-                txt = f"ok {o['passed']}/{o['cases']}" + (f", {o['unsupported']} unsup" if o["unsupported"] else "")
+            if o["status"] in ("ok", "partial", "core"):
+                word = "core" if o["status"] == "core" else "ok"
+                txt = f"{word} {o['passed']}/{o['cases']}" + (f", {o['unsupported']} unsup" if o["unsupported"] else "")
                 txt += f" ({o['grade']})" if o.get("grade") else ""
             elif o["status"] == "fail":
                 bad = o["failed"] + o["timeout"] + o.get("crashed", 0) + o.get("not_run", 0)
