@@ -150,18 +150,13 @@ def prism_greedy(model, prompt: str, n: int) -> Run:
     """``Model.generate`` as ``prism run --temp 0`` calls it, with every step's logits kept."""
     from prism_core.models import Sampler
     seen: list[np.ndarray] = []
-    real_eval = model.eval
+    greedy = Sampler.greedy()
 
-    def eval_and_keep(ids, **kw):
-        z = real_eval(ids, **kw)
-        seen.append(z[-1].copy())
-        return z
+    def keep_and_pick(logits, history=()):  # every step's logits, as the sampler sees them
+        seen.append(np.array(logits, copy=True))
+        return greedy(logits, history)
 
-    model.eval = eval_and_keep
-    try:
-        toks = list(model.generate(model.encode(prompt), max_tokens=n, sampler=Sampler.greedy()))
-    finally:
-        del model.eval
+    toks = list(model.generate(model.encode(prompt), max_tokens=n, sampler=keep_and_pick))
     run = Run([t.id for t in toks], [], [], seen, b"".join(t.bytes for t in toks))  # as llama.cpp writes it
     for z in seen:
         t1, t2, m = top2(z)

@@ -173,7 +173,7 @@ def test_prefill_in_batches_then_decode_matches_one_pass(cache_type):
     got = np.concatenate([first, np.stack(rest)])
     tol = {"f32": 1e-4, "f16": 2e-3, "q8_0": 3e-2}[cache_type]  # the cache rounds keys and values
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
-    assert model.cache.n_past == len(IDS)
+    assert model.default_sequence().n_past == len(IDS)
 
 
 def test_graphs_are_planned_once_per_shape_and_reused():
@@ -362,15 +362,16 @@ def test_masks_written_into_given_arrays_equal_the_returned_ones():
     model = Model(to_tensors(w), meta, backend="numpy", n_ctx=64, n_batch=4)
     model.eval(IDS[:6])
     cache = model.cache
-    n_kv = cache.n_kv(3)
-    want, want_swa = cache.masks(3, n_kv)
+    seq = model.default_sequence().id
+    slots = cache.place([seq] * 3, [6, 7, 8])
+    want, want_swa = cache.masks(slots)
     out, out_swa = np.ones_like(want), np.ones_like(want_swa)
-    cache.masks(3, n_kv, out, out_swa)
+    cache.masks(slots, out, out_swa)
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(out_swa, want_swa)
     assert np.isneginf(want).any() and (want == 0).any()
     with pytest.raises(pc.InvalidArgument, match="mask output must be float16"):
-        cache.masks(3, n_kv, np.zeros(want.shape, np.float32), out_swa)
+        cache.masks(slots, np.zeros(want.shape, np.float32), out_swa)
 
 
 @pytest.mark.parametrize("n_ids", [2, 9, 10, len(IDS)])

@@ -8,10 +8,14 @@ processed in batches of ``n_batch`` tokens. Weights stay as loaded (quantized, m
 from __future__ import annotations
 
 import codecs
+import threading
 import time
 import warnings
+import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
+from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -97,7 +101,8 @@ class Model:
 
     def __init__(self, tensors: Mapping[str, Tensor], meta: Mapping[str, Any], *, backend: Backend | str | None = None,
                  n_ctx: int | None = None, cache_type: GGMLType | str = F16, n_batch: int = 512, tokenizer: Any = None,
-                 source: Any = None, flash_attn: bool = True, lora: Sequence[tuple[Any, float]] = ()) -> None:
+                 source: Any = None, flash_attn: bool = True, lora: Seq[tuple[Any, float]] = (),
+                 n_seq: int = 1) -> None:
         self.arch = arch_for(meta)
         self.meta = meta
         embd = tensors.get("token_embd.weight")
@@ -116,7 +121,7 @@ class Model:
         if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and n_ctx > hp.n_ctx_train:
             raise InvalidArgument(f"n_ctx={n_ctx} exceeds the model's training context {hp.n_ctx_train}")
         self.ctx = embd.ctx
-        self.cache = KVCache(self.ctx, hp, n_ctx, cache_type, n_batch)
+        self.cache = KVCache(self.ctx, hp, n_ctx, cache_type, n_batch, n_seq)
         self.n_batch = n_batch
         if not isinstance(flash_attn, bool):
             raise InvalidArgument(f"flash_attn must be a bool, got {flash_attn!r}")
@@ -133,9 +138,13 @@ class Model:
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
         self._tap: Any = None
         self.timings = Timings()
-        self._graph(1, self.cache.n_kv(1), 1)  # the decode graph; building it checks every layer's tensors
+        self._lock = threading.Lock()  # see _exclusive
+        self._owner: int | None = None  # the thread holding it
+        self._deferred: list[int] = []  # sequences to close at the lock's next taking
+        self._local = threading.local()  # each thread's default sequence
+        self._graph(1, self.cache.n_kv_min(), 1)  # the decode graph; building it checks every layer's tensors
 
-    def set_lora(self, lora: Sequence[tuple[Any, float]]) -> None:
+    def set_lora(self, lora: Seq[tuple[Any, float]]) -> None:
         """Apply these (LoraFile, scale) adapters instead of the current ones (an empty list: none); the
         weights are untouched, the graphs are built again on their next use."""
         adapters = lora_products(list(lora), self.weights.tensors, self.arch.name)  # refuses before any change
@@ -148,7 +157,7 @@ class Model:
     # ------------------------------------------------------------ graphs
     def _build(self, n_tok: int, n_kv: int, n_out: int) -> _Graph:
         hp, ctx = self.hparams, self.ctx
-        swa, n_kv_swa = bool(hp.sliding_window), self.cache.n_kv_ring(n_kv)
+        swa, n_kv_swa = bool(hp.sliding_window), min(self.cache.n_ring, n_kv)
         first = ctx.mark()[0]
         with ctx.transaction():
             step = Step(tokens=ctx.new_tensor(I32, (n_tok,)).set_input(), pos=ctx.new_tensor(I32, (n_tok,)).set_input(),
@@ -202,8 +211,48 @@ class Model:
         self._graphs.clear()
         self._tap = tap
 
-    # ------------------------------------------------------------ evaluation
-    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
+    # ------------------------------------------------------------ sequences and evaluation
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The model's lock: one caller at a time places tokens in the cache and computes a graph (every
+        graph's inputs and scratch live in the one workspace). Removals deferred meanwhile happen first."""
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                while self._deferred:
+                    seq = self._deferred.pop()
+                    if seq in self.cache.next_pos:
+                        self.cache.free_seq(seq)
+                yield
+            finally:
+                self._owner = None
+
+    def _release(self, seq: int) -> None:
+        """Close sequence ``seq``; from inside the lock's holder (a handle collected mid-call), at its next use."""
+        if self._owner == threading.get_ident():
+            self._deferred.append(seq)
+            return
+        with self._exclusive():
+            if seq in self.cache.next_pos:
+                self.cache.free_seq(seq)
+
+    def new_sequence(self, label: str | None = None) -> Sequence:
+        """A new, empty sequence of this model's cache: its own tokens, eval/logits/generate/perplexity, its
+        cells freed by :meth:`Sequence.remove` (or leaving a ``with`` block, or when it is collected).
+        ``label`` names it in refusals (default "sequence N")."""
+        with self._exclusive():
+            seq = self.cache.new_seq(label or "")
+        return Sequence(self, seq)
+
+    def default_sequence(self) -> Sequence:
+        """The calling thread's own sequence, which :meth:`eval` continues and :meth:`logits` restarts (a
+        thread's calls never see another's tokens); created on first use, freed when the thread ends."""
+        seq = getattr(self._local, "seq", None)
+        if seq is None or not seq.open:
+            seq = self._local.seq = self.new_sequence(f"thread {threading.current_thread().name!r}'s sequence")
+        return seq
+
+    def _check_ids(self, ids: Seq[int]) -> np.ndarray:
         try:
             arr = np.asarray(ids)
         except (TypeError, ValueError) as e:
@@ -215,44 +264,42 @@ class Model:
             raise InvalidArgument(f"token id {int(arr[bad][0])} is outside the vocabulary [0, {self.hparams.n_vocab})")
         return arr.astype(np.int32)
 
-    def eval(self, ids: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
-        """Feed ``ids`` after the tokens already in the cache; returns the float32 logits of every
-        new position (``all_logits``) or of the last one, shape (rows, n_vocab)."""
-        arr = self._check_ids(ids)
-        self.cache.n_kv(len(arr))  # refuse a context overflow before any work
-        out = []
-        for lo in range(0, len(arr), self.n_batch):
-            chunk = arr[lo:lo + self.n_batch]
-            last = lo + self.n_batch >= len(arr)
-            n = len(chunk)
-            rows = np.arange(n, dtype=np.int32) if all_logits else np.array([n - 1], np.int32)
-            n_kv = self.cache.n_kv(n)
-            g = self._graph(n, n_kv, len(rows))
-            past = self.cache.n_past
+    def _compute(self, tokens: np.ndarray, seq: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """One batch (under the lock): token i of sequence seq[i] at position pos[i]; the float32 logits of
+        the batch rows ``rows``. Nothing stays placed in the cache when the compute fails."""
+        slots = self.cache.place(seq, pos)
+        try:
+            n = len(tokens)
+            g = self._graph(n, slots.n_kv, len(rows))
             step = g.step  # the inputs are written through their host views: their types and sizes are ours
-            step.tokens.host().reshape(-1)[:] = chunk
-            step.pos.host().reshape(-1)[:] = np.arange(past, past + n, dtype=np.int32)
-            cells, cells_swa = self.cache.cells(n)
-            step.cells.host().reshape(-1)[:] = cells
+            step.tokens.host().reshape(-1)[:] = tokens
+            step.pos.host().reshape(-1)[:] = pos
+            step.cells.host().reshape(-1)[:] = slots.cells
             swa = step.mask_swa is not None
-            self.cache.masks(n, n_kv, step.mask.host().reshape(n, n_kv),
+            self.cache.masks(slots, step.mask.host().reshape(n, -1),
                              step.mask_swa.host().reshape(n, -1) if swa else None)
             if swa:
-                step.cells_swa.host().reshape(-1)[:] = cells_swa
+                step.cells_swa.host().reshape(-1)[:] = slots.cells_swa
             step.out_rows.host().reshape(-1)[:] = rows
             g.plan.compute()
             if self._tap is not None:
                 self._tap.collect(g.tapped)
-            self.cache.n_past = past + n
-            if all_logits or last:  # one copy out of the workspace, which the next compute reuses
-                out.append(g.logits.host().reshape(len(rows), -1).copy())
-        return out[0] if len(out) == 1 else np.concatenate(out)
+            return g.logits.host().reshape(len(rows), -1).copy()  # out of the workspace, which the next reuses
+        except BaseException:
+            for s in np.unique(seq).tolist():
+                self.cache.seq_rm(s, int(pos[seq == s].min()))
+            raise
 
-    def logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Float32 logits of every position of ``ids`` from an empty cache: shape (len(ids), n_vocab)."""
-        self._check_ids(ids)
-        self.cache.clear()
-        return self.eval(ids, all_logits=True)
+    def eval(self, ids: Seq[int], *, all_logits: bool = False) -> np.ndarray:
+        """Feed ``ids`` after the tokens already in the calling thread's sequence (:meth:`default_sequence`);
+        returns the float32 logits of every new position (``all_logits``) or of the last one, shape
+        (rows, n_vocab)."""
+        return self.default_sequence().eval(ids, all_logits=all_logits)
+
+    def logits(self, ids: Seq[int]) -> np.ndarray:
+        """Float32 logits of every position of ``ids`` from an empty sequence (the calling thread's, which
+        holds them afterwards): shape (len(ids), n_vocab)."""
+        return self.default_sequence().logits(ids)
 
     # ------------------------------------------------------------ text
     @property
@@ -272,23 +319,25 @@ class Model:
         return frozenset(int(self.meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                                      "tokenizer.ggml.eom_token_id") if k in self.meta)
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidArgument("the prompt is empty")
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
+    def generate(self, prompt: str | Seq[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
                  special: bool = False) -> Iterator[Token]:
-        """Yield tokens as they are produced, from a fresh cache, until ``max_tokens`` or an
+        """Yield tokens as they are produced, on a sequence of its own (so generators and threads never see
+        each other's tokens; freed when the generator ends or is closed; the calling thread's
+        :meth:`default_sequence` is emptied first, as the single cache of old was), until ``max_tokens`` or an
         end-of-generation token (not yielded). Each token's text is its piece (llama_token_to_piece),
         as llama.cpp's command line streams it: nothing stripped or cleaned, so the pieces joined
         continue the prompt's text; control tokens show their text only with ``special`` (its
         ``--special``). The bytes of a UTF-8 character split over several tokens come with the token
         that completes it; bytes no token completes become U+FFFD in the last token's text (``max_tokens``
         reached) or are left out of the text (an end-of-generation token came first); each token's
-        ``bytes`` keeps them."""
+        ``bytes`` keeps them. :attr:`timings` is the latest generation's."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         sampler = checked_sampler(sampler)
@@ -296,34 +345,164 @@ class Model:
         if len(ids) + max_tokens > self.cache.n_ctx:
             raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
                                 f"of {self.cache.n_ctx} tokens")
-        self.cache.clear()
-        self.timings = t = Timings(n_prompt=len(ids))
-        logits, t.prompt_s = t.timed(lambda: self.eval(ids)[-1], self.backend)
+        mine = getattr(self._local, "seq", None)
+        if mine is not None and mine.open:  # as the single cache did: the thread's eval tokens are forgotten
+            mine.clear()
+        with self.new_sequence("a generation's sequence") as seq:
+            self.timings = seq.timings = Timings()
+            yield from seq._generate(ids, max_tokens, sampler, special)
+
+    def perplexity(self, text: str | Seq[int]) -> float:
+        """exp of the mean negative log-likelihood of each token given the ones before it (from empty, on the
+        calling thread's sequence, as :meth:`logits`)."""
+        return self.default_sequence().perplexity(text)
+
+    def __repr__(self) -> str:
+        hp = self.hparams
+        return (f"Model({hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, vocab {hp.n_vocab}, "
+                f"backend {self.backend.name}, {self.cache!r})")
+
+
+class Sequence:
+    """One sequence of a model's KV cache (:meth:`Model.new_sequence`): the tokens fed to it so far, in cells
+    it holds (some shared with the sequence it copied a prefix from). Safe to use from any thread; calls
+    on one sequence from several threads at once run one after the other, in an order of their making."""
+
+    def __init__(self, model: Model, seq: int) -> None:
+        self.model, self.id = model, seq
+        self.timings = Timings()
+        self._finalizer = weakref.finalize(self, _release, weakref.ref(model), seq)  # not keeping the model alive
+
+    @property
+    def open(self) -> bool:
+        return self._finalizer.alive
+
+    @property
+    def label(self) -> str:
+        return self.model.cache.labels.get(self.id, f"sequence {self.id} (removed)")
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise InvalidArgument(f"sequence {self.id} was removed; make a new one with model.new_sequence()")
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the sequence (the position the next one takes)."""
+        self._check_open()
+        return self.model.cache.next_pos[self.id]
+
+    def cells(self) -> tuple[int, int]:
+        """Cells the sequence holds: on full-attention layers, on sliding-window layers (shared ones count)."""
+        self._check_open()
+        with self.model._exclusive():
+            return self.model.cache.holders()[self.id]
+
+    def remove(self) -> None:
+        """Free the sequence's cells (those no other sequence shares); the handle is unusable afterwards."""
+        self._finalizer()
+
+    def __enter__(self) -> Sequence:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def clear(self) -> None:
+        """Forget the sequence's tokens; it stays open, empty."""
+        self._check_open()
+        with self.model._exclusive():
+            self.model.cache.seq_rm(self.id)
+
+    def copy_prefix(self, other: Sequence, n: int | None = None) -> None:
+        """This sequence becomes the first ``n`` tokens of ``other`` (all of them by default), sharing its
+        cells: a common prefix (a system prompt) is computed once (llama.cpp's seq_cp)."""
+        self._check_open()
+        if not isinstance(other, Sequence) or other.model is not self.model:
+            raise InvalidArgument(f"copy_prefix: other must be a Sequence of the same model, got {other!r:.80}")
+        other._check_open()
+        with self.model._exclusive():
+            self.model.cache.seq_cp(other.id, self.id, self.model.cache.next_pos[other.id] if n is None else n)
+
+    def eval(self, ids: Seq[int], *, all_logits: bool = False) -> np.ndarray:
+        """Feed ``ids`` after the sequence's tokens, in batches of n_batch; returns the float32 logits of every
+        new position (``all_logits``) or of the last one, shape (rows, n_vocab). Refused before any work when
+        they do not fit; nothing stays of them when a compute fails."""
+        m = self.model
+        arr = m._check_ids(ids)
+        self._check_open()
+        out = []
+        with m._exclusive():
+            past = m.cache.next_pos[self.id]
+            m.cache.probe(self.id, len(arr))  # refuse a context or cache overflow before any work
+            try:
+                for lo in range(0, len(arr), m.n_batch):
+                    chunk = arr[lo:lo + m.n_batch]
+                    n = len(chunk)
+                    rows = np.arange(n, dtype=np.int32) if all_logits else np.array([n - 1], np.int32)
+                    z = m._compute(chunk, np.full(n, self.id, np.int32),
+                                   np.arange(past + lo, past + lo + n, dtype=np.int32), rows)
+                    if all_logits or lo + m.n_batch >= len(arr):
+                        out.append(z)
+            except BaseException:
+                m.cache.seq_rm(self.id, past)
+                raise
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def logits(self, ids: Seq[int]) -> np.ndarray:
+        """Float32 logits of every position of ``ids`` from empty (the sequence is cleared first, and holds
+        ``ids`` afterwards): shape (len(ids), n_vocab)."""
+        self.model._check_ids(ids)
+        self.clear()
+        return self.eval(ids, all_logits=True)
+
+    def generate(self, prompt: str | Seq[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
+                 special: bool = False) -> Iterator[Token]:
+        """As :meth:`Model.generate`, continuing this sequence: the prompt is fed after its tokens (on an empty
+        sequence, exactly Model.generate). Afterwards it holds the prompt and every generated token but the
+        last (never fed); :attr:`timings` says how long it took."""
+        m = self.model
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        sampler = checked_sampler(sampler)
+        ids = m.encode(prompt)
+        if self.n_past + len(ids) + max_tokens > m.cache.n_ctx:
+            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} after the "
+                                f"sequence's {self.n_past} exceed the context of {m.cache.n_ctx} tokens")
+        self.timings = Timings()
+        yield from self._generate(ids, max_tokens, sampler, special)
+
+    def _generate(self, ids: list[int], max_tokens: int, sampler: Sampler | None, special: bool) -> Iterator[Token]:
+        m, t = self.model, self.timings
+        sampler = sampler if sampler is not None else Sampler.greedy()
+        t.n_prompt = len(ids)
+        logits, t.prompt_s = t.timed(lambda: self.eval(ids)[-1], m.backend)
         history, n_out = list(ids), 0
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for _ in range(max_tokens):
             tok = sampler(logits, history)
-            if tok in self.eog_ids:
+            if tok in m.eog_ids:
                 return
             history.append(tok)
             n_out += 1
-            piece = self.tokenizer.piece_bytes(tok, special)
+            piece = m.tokenizer.piece_bytes(tok, special)
             yield Token(tok, utf8.decode(piece, final=n_out == max_tokens), piece)
             if n_out < max_tokens:
-                logits, seconds = t.timed(lambda: self.eval([tok])[-1], self.backend)  # noqa: B023 - called now
+                logits, seconds = t.timed(lambda: self.eval([tok])[-1], m.backend)  # noqa: B023 - called now
                 t.decode_s += seconds
                 t.n_decode += 1
 
-    def perplexity(self, text: str | Sequence[int]) -> float:
-        """exp of the mean negative log-likelihood of each token given the ones before it."""
-        ids = self.encode(text)
+    def perplexity(self, text: str | Seq[int]) -> float:
+        """As :meth:`Model.perplexity`, from empty (the sequence is cleared first)."""
+        ids = self.model.encode(text)
         if len(ids) < 2:
             raise InvalidArgument("perplexity needs at least two tokens")
-        self.cache.clear()  # scored from an empty cache, as logits()
-        self.cache.n_kv(len(ids))  # refuse a context overflow before any work
+        self.clear()
+        n_batch = self.model.n_batch
+        with self.model._exclusive():
+            self.model.cache.probe(self.id, len(ids))  # refuse a context overflow before any work
         nll = 0.0
-        for lo in range(0, len(ids) - 1, self.n_batch):  # a batch of logits at a time, not (len(ids), n_vocab)
-            z = self.eval(ids[lo:lo + self.n_batch], all_logits=True)
+        for lo in range(0, len(ids) - 1, n_batch):  # a batch of logits at a time, not (len(ids), n_vocab)
+            z = self.eval(ids[lo:lo + n_batch], all_logits=True)
             nxt = np.asarray(ids[lo + 1:lo + 1 + len(z)])
             for r in range(0, len(nxt), PERPLEXITY_ROWS):  # float64 a few rows at a time
                 zr = z[r:r + PERPLEXITY_ROWS][:len(nxt) - r].astype(np.float64)
@@ -333,8 +512,10 @@ class Model:
         return float(np.exp(nll / (len(ids) - 1)))
 
     def __repr__(self) -> str:
-        hp = self.hparams
-        return (f"Model({hp.arch}, {hp.n_layer} layers, n_embd {hp.n_embd}, vocab {hp.n_vocab}, "
-                f"backend {self.backend.name}, {self.cache!r})")
+        return f"Sequence({self.label}, {self.n_past if self.open else 'removed'})"
 
 
+def _release(model: weakref.ref, seq: int) -> None:
+    m = model()
+    if m is not None:
+        m._release(seq)

@@ -56,12 +56,13 @@ def perplexity(model, text: str | Sequence[int], *, n_ctx: int = 512, n_chunks: 
     nll = nll2 = 0.0
     count = 0
     running = []
+    seq = model.default_sequence()  # the calling thread's, as model.logits
     for i, c in enumerate(chunks):
-        model.cache.clear()
-        model.eval(c[:first])  # the unscored first half: context only
+        seq.clear()
+        seq.eval(c[:first])  # the unscored first half: context only
         for lo in range(first, n_ctx - 1, SCORE_ROWS):
             hi = min(n_ctx - 1, lo + SCORE_ROWS)
-            z = model.eval(c[lo:hi], all_logits=True)
+            z = seq.eval(c[lo:hi], all_logits=True)
             v = _nll_rows(z, np.asarray(c[lo + 1:hi + 1]))
             nll += float(v.sum())
             nll2 += float((v * v).sum())
