@@ -77,7 +77,7 @@ def test_short_flags_are_the_long_ones(tiny, capsys):
     long_ = run_json(capsys, tiny, "-p", "the", "-n", "6", "--seed", "7", "--ctx-size", "32", "--temp", "1.5")
     assert short["ids"] == long_["ids"]
     # -c bounds the context: the prompt (5 ids) and 40 tokens do not fit in 32
-    assert main(["run", tiny, "-p", "the", "-n", "40", "-c", "32", "--backend", "numpy"]) == 1
+    assert main(["run", tiny, "-p", "the", "-n", "40", "-c", "32", "--backend", "numpy"]) == 2  # a usage error
     assert "context" in capsys.readouterr().err
 
 

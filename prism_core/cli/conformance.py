@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from ..errors import PrismError
+from ..errors import InvalidArgument, PrismError
 from .args import budget_arg, int_at_least, jobs_arg, seconds_arg
 
 
@@ -63,7 +63,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if args.mode == "grad":
         ops = [k for k in ops if OPS[k].differentiable]
     if args.random is not None and args.mode == "grad":
-        raise PrismError("--random draws forward cases only; use it without --mode grad")
+        raise InvalidArgument("--random draws forward cases only; use it without --mode grad")
     if not args.backend or "all" in args.backend:
         infos = {i.name: i for i in backends()}
         names = [n for n, i in infos.items() if i.available]
@@ -205,9 +205,9 @@ def _replay(args: argparse.Namespace) -> int:
     from ..conformance.replay import replay
     from ..plugin.registry import backend
     if not args.backend or "all" in args.backend or len(args.backend) != 1:
-        raise PrismError("--case replays on one backend: give --backend NAME once")
+        raise InvalidArgument("--case replays on one backend: give --backend NAME once")
     if args.op or args.random is not None or args.report:
-        raise PrismError("--case names the case itself; it takes no --op, --random or --report")
+        raise InvalidArgument("--case names the case itself; it takes no --op, --random or --report")
     be = backend(args.backend[0])
     failed = False
     for cid in args.case:
