@@ -114,3 +114,10 @@ def test_quiet_streams_no_rows(capsys):
     assert cli(["conformance", "--backend", "numpy", "--op", "ADD", "-q"]) == 0
     out = capsys.readouterr().out
     assert not any(ln.startswith("ADD ") for ln in out.splitlines()), out
+
+
+def test_scaffold_pins_the_interface_plugins_md_advises(tmp_path, capsys):
+    assert cli(["new-backend", "mine", "--dir", str(tmp_path / "prism-mine")]) == 0
+    text = (tmp_path / "prism-mine" / "pyproject.toml").read_text()
+    assert '"prism-tensor>=0.1,<0.2"' in text, text
+    assert pc.__version__.startswith("0.1."), pc.__version__  # this Prism satisfies the pin it writes
