@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -114,3 +116,35 @@ def test_quiet_streams_no_rows(capsys):
     assert cli(["conformance", "--backend", "numpy", "--op", "ADD", "-q"]) == 0
     out = capsys.readouterr().out
     assert not any(ln.startswith("ADD ") for ln in out.splitlines()), out
+
+
+def test_scaffold_pins_the_interface_plugins_md_advises(tmp_path, capsys):
+    assert cli(["new-backend", "mine", "--dir", str(tmp_path / "prism-mine")]) == 0
+    text = (tmp_path / "prism-mine" / "pyproject.toml").read_text()
+    assert '"prism-tensor>=0.1,<0.2"' in text, text
+    assert pc.__version__.startswith("0.1."), pc.__version__  # this Prism satisfies the pin it writes
+
+
+def test_pytest_plugin_ends_with_a_summary_table_not_bare_skips(tmp_path):
+    (tmp_path / "addonly_pytest.py").write_text(
+        "import prism_core as pc\n"
+        "class AddOnly(pc.Backend):\n"
+        "    name, version = 'addonly', 'test'\n"
+        "    def __init__(self):\n"
+        "        self.kernels = {'ADD': pc.backend('numpy').kernels['ADD']}\n"
+        "mod = type(pc)('addonly_reg')\n"
+        "mod.prism_register_backends = pc.hookimpl(lambda: [AddOnly()])\n"
+        "pc.REGISTRY.register(mod, 'addonly_reg')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "addonly_pytest",
+                        "--pyargs", "prism_core.conformance", "--prism-backend", "addonly", "--prism-op", "MUL",
+                        "--prism-op", "ADD", "-k", "test_conformance"],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "s" not in lines[0], lines[0]  # unsupported cases print no bare s
+    i = next(k for k, ln in enumerate(lines) if "prism conformance" in ln)
+    rows = {ln.split()[0]: ln.split()[1:] for ln in lines[i + 2:i + 4]}
+    n_block = sum(map(reads_block_types, cases_for("ADD")))
+    assert rows["MUL"] == ["addonly", "forward", "0", "0", str(len(cases_for("MUL")))]
+    assert rows["ADD"] == ["addonly", "forward", str(len(cases_for("ADD")) - n_block), "0", str(n_block)]

@@ -130,3 +130,60 @@ def prism_runner(request: pytest.FixtureRequest):
     runner = _Runner(request.config, DEFAULT_TIMEOUT if t is None else (t or None))
     yield runner
     runner.session.close()
+
+
+# ------------------------------------------------------------------ the summary table at the end
+_MARK = "prism_conformance"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    case = params.get("prism_case") or params.get("prism_grad_case")
+    name = params.get("prism_backend_name")
+    if case is not None and name is not None and (report.when == "call" or report.outcome != "passed"):
+        mode = "grad" if "prism_grad_case" in params else "forward"
+        report.user_properties.append((_MARK, (name, mode, case.key)))  # survives pytest-xdist
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """An unsupported case is a skip without its bare ``s``: the summary table counts them."""
+    if report.skipped and any(k == _MARK for k, _ in report.user_properties) and \
+            "unsupported on " in str(report.longrepr):
+        return "skipped", "", "UNSUPPORTED"
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for k, v in report.user_properties:
+        if k == _MARK:
+            word = "unsupported" if report.skipped else "failed" if report.failed else "passed"
+            _tallies.setdefault(tuple(v), {}).setdefault(word, 0)
+            _tallies[tuple(v)][word] += 1
+
+
+_tallies: dict[tuple, dict[str, int]] = {}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """One row per (backend, mode, op): passed, failed and unsupported cases, as the CLI's table."""
+    if not _tallies:
+        return
+    tr = terminalreporter
+    tr.section("prism conformance")
+    rows = [("op", "backend", "mode", "passed", "failed", "unsupported")]
+    for (name, mode, op), c in sorted(_tallies.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        rows.append((op, name, mode, str(c.get("passed", 0)), str(c.get("failed", 0)), str(c.get("unsupported", 0))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        tr.write_line("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    by: dict[str, dict[str, int]] = {}
+    for (name, _, _), c in _tallies.items():
+        for w, n in c.items():
+            by.setdefault(name, {}).setdefault(w, 0)
+            by[name][w] += n
+    for name, c in by.items():
+        tr.write_line(f"{name}: {c.get('passed', 0)} passed, {c.get('failed', 0)} failed, "
+                      f"{c.get('unsupported', 0)} unsupported cases")
