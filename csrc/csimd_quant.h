@@ -500,13 +500,13 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qkx2_quants(int
 
 /* What Q4_K and Q5_K quantizers share once each group's 6-bit scale and min codes ls[j], lm[j] are chosen:
    the codes packed into y's 12 scale bytes, the super-block scale d and min dmin stored as F16, then every
-   value requantized against its group's stored (F16-rounded) scale and min and packed (Q5_K's fifth bits
+   value requantized against its group's stored (F16-rounded) scale and min (a group whose scale is 0 keeps
+   its first-pass levels in L) and packed (Q5_K's fifth bits
    into qh) */
-__attribute__((optimize("fp-contract=off"))) static void q_k45_store(const float *x, uint8_t *y, const uint8_t *ls,
+__attribute__((optimize("fp-contract=off"))) static void q_k45_store(const float *x, uint8_t *y, uint8_t *L, const uint8_t *ls,
                                                                      const uint8_t *lm, float d_block, float m_block,
                                                                      int five) {
     const int nmax = five ? 31 : 15;
-    uint8_t L[256];
     uint8_t *sc = y + 4;
     memset(sc, 0, 12);
     for (int j = 0; j < 8; j++) {
@@ -571,7 +571,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const fl
         ls[j] = s < 63 ? s : 63; /* clamped after the cast to uint8_t, as ggml */
         lm[j] = m < 63 ? m : 63;
     }
-    q_k45_store(x, y, ls, lm, max_scale / 63.f, max_min / 63.f, five);
+    q_k45_store(x, y, L, ls, lm, max_scale / 63.f, max_min / 63.f, five);
 }
 
 /* Q2_K as ggml's quantize_row_q2_K_ref: 16 groups of 16, make_qkx2_quants with |x| weights and absolute

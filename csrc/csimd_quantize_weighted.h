@@ -248,8 +248,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k_w(const 
             Ls[j] = Ls[j] < 63 ? Ls[j] : 63;
             Lm[j] = Lm[j] < 63 ? Lm[j] : 63;
         }
-    q_k45_store(x, y, Ls, Lm, d_block, m_block, five);
-}
+    q_k45_store(x, y, L, Ls, Lm, d_block, m_block, five);
 }
 
 /* ---------------------------------------------------------------- IQ4_NL's chunk path (one block of 32) */

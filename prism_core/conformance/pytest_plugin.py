@@ -150,7 +150,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     """An unsupported case is a skip without its bare ``s``: the summary table counts them."""
-    if report.skipped and any(k == _MARK for k, _ in report.user_properties) and \
+    if report.skipped and any(k == _MARK for k, _ in getattr(report, "user_properties", ())) and \
             "unsupported on " in str(report.longrepr):
         return "skipped", "", "UNSUPPORTED"
     return None
