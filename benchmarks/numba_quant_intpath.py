@@ -12,9 +12,11 @@ import time
 
 import numba
 import numpy as np
-from prism_numba._jit import KERNELS
+from prism_numba.kernels import _jit
 
 from benchmarks.quantized import FORMATS, GgmlMulMat, ggml, weight_blocks
+
+KERNELS = _jit().KERNELS
 
 
 def best(f, reps: int = 15) -> float:

@@ -80,7 +80,7 @@ def _prism(backend: str, t: str, x: np.ndarray) -> tuple[np.ndarray, pc.Tensor]:
 
 
 def _quantizes_activations(backend: str, node: pc.Tensor) -> bool:
-    if backend == "csimd":
+    if backend in ("csimd", "ggml"):  # ggml: ggml's own CPU kernels, through ggml-python
         return True
     if backend == "numba":
         from prism_numba.kernels_quant import int_path

@@ -55,7 +55,8 @@ def _qtensor(ctx: pc.Context, t: GT, k: int, rows: int, rng: np.random.Generator
 
 @pytest.mark.parametrize("t", DECODED, ids=lambda t: t.name)
 def test_decoder_is_gguf_bit_for_bit(nb, t):
-    from prism_numba._jit import KERNELS
+    from prism_numba.kernels import _jit
+    KERNELS = _jit().KERNELS
     tr = TRAITS[GGMLType(int(t))]
     rng = np.random.default_rng(int(t))
     rows, nblk = 3, 2

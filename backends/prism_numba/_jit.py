@@ -850,7 +850,11 @@ KERNELS = {name: Kernel(f, c_layout=name in C_LAYOUT) for name, f in (
     ("concat", concat), ("index_map", index_map), ("argsort", argsort), ("generate", generate))}
 
 
-def _register_ext() -> None:
+def register_all() -> dict:
+    """KERNELS with the kernels of the other _jit_* modules: called by kernels._jit(), not at import, because
+    those modules import this one (importing one of them first must not meet a half-initialized module)."""
+    if "q_mul_mat" in KERNELS:
+        return KERNELS
     from ._jit_ext import KERNELS as ext
     from ._jit_fast import KERNELS as fast
     from ._jit_qdot import KERNELS as qdot
@@ -859,6 +863,4 @@ def _register_ext() -> None:
     KERNELS.update({name: Kernel(f, c_layout=True) for name, f in fast.items()})
     KERNELS.update({name: Kernel(f, c_layout=True) for name, f in quant.items()})
     KERNELS.update({name: Kernel(f) for name, f in qdot.items()})  # one compilation (layout A) serves all
-
-
-_register_ext()
+    return KERNELS

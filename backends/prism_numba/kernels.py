@@ -39,6 +39,7 @@ def _jit():
         from .compile_progress import install
         install()  # with a cold cache the kernels compile for seconds: report it (prism_core.progress)
         from . import _jit as j
+        j.register_all()
         _jit_module = j
     return _jit_module
 
