@@ -249,6 +249,22 @@ __attribute__((optimize("fp-contract=off"))) static uint8_t q_signs8(const float
     return parity ? (uint8_t)(s & 127) : s;
 }
 
+/* A group of n values (n / 8 sign bytes) ahead of a grid search: its weights w (qw against sigma2 as
+   q_weights_sigma, or w0 + x^2 where qw is NULL), their square roots waux, the magnitudes xval with their
+   sign bytes (parity: as q_signs8); returns the largest magnitude */
+__attribute__((optimize("fp-contract=off"))) static float q_grid_group(int n, const float *xb, const float *qw,
+                                                                      float sigma2, float w0, int parity, float *w,
+                                                                      float *waux, float *xval, uint8_t *signs) {
+    if (qw) q_weights_sigma(n, xb, qw, sigma2, w);
+    else
+        for (int i = 0; i < n; i++) w[i] = w0 + xb[i] * xb[i];
+    for (int i = 0; i < n; i++) waux[i] = sqrtf(w[i]);
+    for (int k = 0; k < n / 8; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, parity);
+    float max = xval[0];
+    for (int i = 1; i < n; i++) max = max > xval[i] ? max : xval[i];
+    return max;
+}
+
 /* sum w*x*q and sum w*q*q over n values with q = 2*L + 1 */
 __attribute__((optimize("fp-contract=off"))) static inline void q_odd_sums(int n, const float *w, const float *x,
                                                                           const int8_t *L, float *sqx, float *sq2) {
@@ -352,11 +368,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq2_xxs(const q
     const float sigma2 = q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 1);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw + 32 * ib, sigma2, 0.0f, 1, w, waux, xval, signs);
         if (max < Q_GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;
@@ -431,13 +443,8 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq2_xs_s(const 
     const float sumx2 = q_sum_sq(256, x), sigma2 = is_s ? 2 * sumx2 / 256 : sumx2 / 256;
     for (int ib = 0; ib < 16; ib++) {
         const float *xb = x + 16 * ib;
-        if (qw) q_weights_sigma(16, xb, qw + 16 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 16; i++) w[i] = 0.25f * sigma2 + xb[i] * xb[i];
-        for (int i = 0; i < 16; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 2; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, !is_s);
-        float max = xval[0];
-        for (int i = 1; i < 16; i++) max = max > xval[i] ? max : xval[i];
+        const float max =
+            q_grid_group(16, xb, qw ? qw + 16 * ib : NULL, sigma2, 0.25f * sigma2, !is_s, w, waux, xval, signs);
         memset(L, 0, 16);
         if (max < (is_s ? Q_EPS_IQ2_S : Q_GROUP_MAX_EPS)) {
             scales[ib] = 0;
@@ -494,13 +501,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq3_xxs(const q
     const float sigma2 = 2 * q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        if (qw) q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 32; i++) w[i] = xb[i] * xb[i];
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 1);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw ? qw + 32 * ib : NULL, sigma2, 0.0f, 1, w, waux, xval, signs);
         memset(L, 0, 32);
         if (max < Q_EPS_IQ3_XXS) {
             scales[ib] = 0;
@@ -548,13 +549,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq3_s(const q_g
     const float sigma2 = 2 * q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        if (qw) q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 32; i++) w[i] = xb[i] * xb[i];
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 0);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw ? qw + 32 * ib : NULL, sigma2, 0.0f, 0, w, waux, xval, signs);
         memset(L, 0, 32);
         if (!max) {
             scales[ib] = 0;

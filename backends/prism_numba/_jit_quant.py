@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit_fast import dot_rows8
+from ._jit_fast import dot_row, dot_rows8
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 _DOT_OPTS = dict(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
@@ -79,6 +79,16 @@ def _q3_scale(r, s, i):
     return (lo4 | (hi2 << 4)) - 32
 
 
+@njit(inline="always", **_OPTS)
+def _nibble_codes(r, q, book, d, y, yo, w):
+    """y[yo + j] = d * book[low nibble of r[q + j]], y[yo + j + 16] = d * book[its high nibble], j < w:
+    the 4-bit code-book formats (IQ4_NL, IQ4_XS, MXFP4)."""
+    for j in range(w):
+        v = np.int64(r[q + j])
+        y[yo + j] = d * book[v & 0xF]
+        y[yo + j + 16] = d * book[v >> 4]
+
+
 @njit(**_OPTS)
 def decode_row(fmt, r, y):
     """y[:] = the float32 values of the blocks in byte row r (ggml's dequantize_row_* order)."""
@@ -107,11 +117,7 @@ def decode_row(fmt, r, y):
     elif fmt == IQ4_NL:
         for ib in range(n // 32):
             o = ib * 18
-            d = _f16(r, o)
-            for j in range(w16):
-                v = np.int64(r[o + 2 + j])
-                y[ib * 32 + j] = d * KVALUES_IQ4NL[v & 0xF]
-                y[ib * 32 + j + 16] = d * KVALUES_IQ4NL[v >> 4]
+            _nibble_codes(r, o + 2, KVALUES_IQ4NL, _f16(r, o), y, ib * 32, w16)
     elif fmt == Q4_1:
         for ib in range(n // 32):
             o = ib * 20
@@ -142,11 +148,7 @@ def decode_row(fmt, r, y):
     elif fmt == MXFP4:
         for ib in range(n // 32):
             o = ib * 17
-            d = E8M0_HALF[r[o]]
-            for j in range(w16):
-                v = np.int64(r[o + 1 + j])
-                y[ib * 32 + j] = KVALUES_MXFP4[v & 0xF] * d
-                y[ib * 32 + j + 16] = KVALUES_MXFP4[v >> 4] * d
+            _nibble_codes(r, o + 1, KVALUES_MXFP4, E8M0_HALF[r[o]], y, ib * 32, w16)
     elif fmt == Q8_K:
         for ib in range(n // 256):
             o = ib * 292
@@ -240,13 +242,7 @@ def decode_row(fmt, r, y):
             sh = np.int64(r[o + 2]) | (np.int64(r[o + 3]) << 8)
             for s in range(8):
                 ls = ((np.int64(r[o + 4 + s // 2]) >> (4 * (s % 2))) & 0xF) | (((sh >> (2 * s)) & 3) << 4)
-                dl = d * np.float32(ls - 32)
-                q = o + 8 + 16 * s
-                yo = ib * 256 + 32 * s
-                for j in range(w16):
-                    v = np.int64(r[q + j])
-                    y[yo + j] = dl * KVALUES_IQ4NL[v & 0xF]
-                    y[yo + j + 16] = dl * KVALUES_IQ4NL[v >> 4]
+                _nibble_codes(r, o + 8 + 16 * s, KVALUES_IQ4NL, d * np.float32(ls - 32), y, ib * 256 + 32 * s, w16)
     elif fmt == TQ2_0:
         for ib in range(n // 256):
             o = ib * 66
@@ -338,11 +334,7 @@ def q_mul_mat(fmt, a, b, o):
                             dot_rows8(tile, 0, y, y, orow, m0)
                         else:
                             for gi in range(g):
-                                x = tile[gi]
-                                s = np.float32(0.0)
-                                for k in range(nk):
-                                    s += x[k] * y[k]
-                                orow[m0 + gi] = s
+                                orow[m0 + gi] = dot_row(tile[gi], y, y)
 
 
 @njit(parallel=True, **_DOT_OPTS)
@@ -360,10 +352,7 @@ def q_mul_mat_id(fmt, w, b, ids, o):
         x = np.empty(nk, np.float32)
         for m in range(nm):
             decode_row(fmt, w[0, ex, m], x)
-            s = np.float32(0.0)
-            for k in range(nk):
-                s += x[k] * y[k]
-            o[0, t, e, m] = s
+            o[0, t, e, m] = dot_row(x, y, y)
 
 
 KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}
