@@ -644,6 +644,44 @@ __attribute__((optimize("fp-contract=off"))) static void q_iq1_sorted(int n, con
     q_sort_stable(s, n);
 }
 
+/* IQ1_S/IQ1_M, a group's levels from the winning split of the sorted values s (below b1: 0, below b2: 1,
+   else 2), turned over with the scale when it came out negative (*scale then made positive; returns 1) */
+static int q_iq1_levels(int bs, const q_val_index *s, int b1, int b2, float *scale, int8_t *L) {
+    for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
+    if (*scale >= 0) return 0;
+    for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
+    *scale = -*scale;
+    return 1;
+}
+
+/* IQ1_S/IQ1_M: each 8 of a group's nk * 8 levels put on the grid (index[k]; one off the grid moves to its best
+   neighbour against the values xxs[k] stand for), and the scale refitted to the grid points when any was off */
+__attribute__((optimize("fp-contract=off"))) static void q_iq1_snap(const q_grid *g, int nk, const float *xb,
+                                                                   const float *w, const float *const *xxs, int8_t *L,
+                                                                   uint16_t *index, float *scale) {
+    int all_on = 1;
+    for (int k = 0; k < nk; k++) {
+        const int u = q_point_index(L + 8 * k, 8, 2);
+        int gi = g->map[u];
+        if (gi < 0) {
+            all_on = 0;
+            gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, *scale, xxs[k], L + 8 * k);
+        }
+        index[k] = (uint16_t)gi;
+    }
+    if (all_on) return;
+    float sqx = 0, sq2 = 0;
+    for (int k = 0; k < nk; k++) {
+        const int8_t *p = g->pos + (size_t)index[k] * 8;
+        for (int j = 0; j < 8; j++) {
+            const float ww = w[8 * k + j], q = xxs[k][(p[j] - 1) / 2];
+            sqx += ww * q * xb[8 * k + j];
+            sq2 += ww * q * q;
+        }
+    }
+    if (sqx > 0 && sq2 > 0) *scale = sqx / sq2;
+}
+
 /* IQ1_S (qw required): blocks of 32, values -1, 0, 1 shifted by +-1/8 (one shift per block), exact
    search over the two cut points of the sorted values, groups of 8 put on the 2048-point grid; 3-bit block
    scales, d = max/15 scaled by 1.125 */
@@ -708,35 +746,10 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq1_s(const q_g
             shifts[ib] = 1;
             continue;
         }
-        for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
-        if (scale < 0) {
-            for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
-            scale = -scale;
-            shift = -shift;
-        }
-        int all_on = 1;
+        if (q_iq1_levels(bs, s, b1, b2, &scale, L)) shift = -shift;
         const float *xx = shift == 1 ? x_p : x_m;
-        for (int k = 0; k < bs / 8; k++) {
-            const int u = q_point_index(L + 8 * k, 8, 2);
-            int gi = g->map[u];
-            if (gi < 0) {
-                all_on = 0;
-                gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, scale, xx, L + 8 * k);
-            }
-            index[k] = (uint16_t)gi;
-        }
-        if (!all_on) {
-            float sqx = 0, sq2 = 0;
-            for (int k = 0; k < bs / 8; k++) {
-                const int8_t *p = g->pos + (size_t)index[k] * 8;
-                for (int j = 0; j < 8; j++) {
-                    const float ww = w[8 * k + j], q = xx[(p[j] - 1) / 2];
-                    sqx += ww * q * xb[8 * k + j];
-                    sq2 += ww * q * q;
-                }
-            }
-            if (sqx > 0 && sq2 > 0) scale = sqx / sq2;
-        }
+        const float *xxs[4] = {xx, xx, xx, xx};
+        q_iq1_snap(g, bs / 8, xb, w, xxs, L, index, &scale);
         uint16_t h = 0;
         for (int k = 0; k < bs / 8; k++) {
             qs[(bs / 8) * ib + k] = (uint8_t)(index[k] & 255);
@@ -836,36 +849,9 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq1_m(const q_g
             shifts[ib] = 0;
             continue;
         }
-        for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
-        if (scale < 0) {
-            for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
-            scale = -scale;
-            bk = 3 - bk; /* 0 <-> 3, 1 <-> 2 */
-        }
-        int all_on = 1;
-        for (int k = 0; k < 2; k++) {
-            const float *xx = (k == 0 ? bk < 2 : bk % 2 == 0) ? x_p : x_m;
-            const int u = q_point_index(L + 8 * k, 8, 2);
-            int gi = g->map[u];
-            if (gi < 0) {
-                all_on = 0;
-                gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, scale, xx, L + 8 * k);
-            }
-            index[k] = (uint16_t)gi;
-        }
-        if (!all_on) {
-            float fqx = 0, fq2 = 0;
-            for (int k = 0; k < 2; k++) {
-                const float *xx = (k == 0 ? bk < 2 : bk % 2 == 0) ? x_p : x_m;
-                const int8_t *p = g->pos + (size_t)index[k] * 8;
-                for (int j = 0; j < 8; j++) {
-                    const float ww = w[8 * k + j], q = xx[(p[j] - 1) / 2];
-                    fqx += ww * q * xb[8 * k + j];
-                    fq2 += ww * q * q;
-                }
-            }
-            if (fqx > 0 && fq2 > 0) scale = fqx / fq2;
-        }
+        if (q_iq1_levels(bs, s, b1, b2, &scale, L)) bk = 3 - bk; /* 0 <-> 3, 1 <-> 2 */
+        const float *xxs[2] = {bk < 2 ? x_p : x_m, bk % 2 == 0 ? x_p : x_m};
+        q_iq1_snap(g, 2, xb, w, xxs, L, index, &scale);
         qs[2 * ib] = (uint8_t)(index[0] & 255);
         qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
         qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));

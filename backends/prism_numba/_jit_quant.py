@@ -89,6 +89,24 @@ def _nibble_codes(r, q, book, d, y, yo, w):
         y[yo + j + 16] = d * book[v >> 4]
 
 
+# The min of the formats that have none: adding -0.0 leaves every float32 as it is (-0.0 too), so one
+# loop serves Q4_0/Q5_0 (x * d) and Q4_1/Q5_1 (x * d + m); inlined with the constant, LLVM drops the add.
+NO_MIN = np.float32(-0.0)
+
+
+@njit(inline="always", **_OPTS)
+def _q45_block(r, q, qh, off, d, m, y, yo, w):
+    """Q4_0/Q4_1/Q5_0/Q5_1, one block of 32: y[yo + j] = (x_j - off) * d + m with x_j the low nibble of byte
+    q + j, y[yo + j + 16] the same with its high nibble (j < w); the Q5 formats' fifth bits come from qh
+    (bit j and bit j + 16), the Q4 formats pass qh = 0."""
+    for j in range(w):
+        v = np.int64(r[q + j])
+        x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
+        x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
+        y[yo + j] = np.float32(x0 - off) * d + m
+        y[yo + j + 16] = np.float32(x1 - off) * d + m
+
+
 @njit(**_OPTS)
 def decode_row(fmt, r, y):
     """y[:] = the float32 values of the blocks in byte row r (ggml's dequantize_row_* order)."""
@@ -109,11 +127,7 @@ def decode_row(fmt, r, y):
     elif fmt == Q4_0:
         for ib in range(n // 32):
             o = ib * 18
-            d = _f16(r, o)
-            for j in range(w16):
-                v = np.int64(r[o + 2 + j])
-                y[ib * 32 + j] = np.float32((v & 0xF) - 8) * d
-                y[ib * 32 + j + 16] = np.float32((v >> 4) - 8) * d
+            _q45_block(r, o + 2, 0, 8, _f16(r, o), NO_MIN, y, ib * 32, w16)
     elif fmt == IQ4_NL:
         for ib in range(n // 32):
             o = ib * 18
@@ -121,30 +135,15 @@ def decode_row(fmt, r, y):
     elif fmt == Q4_1:
         for ib in range(n // 32):
             o = ib * 20
-            d = _f16(r, o)
-            m = _f16(r, o + 2)
-            for j in range(w16):
-                v = np.int64(r[o + 4 + j])
-                y[ib * 32 + j] = np.float32(v & 0xF) * d + m
-                y[ib * 32 + j + 16] = np.float32(v >> 4) * d + m
-    elif fmt == Q5_0 or fmt == Q5_1:
-        bs = 22 if fmt == Q5_0 else 24
-        h0 = 2 if fmt == Q5_0 else 4
+            _q45_block(r, o + 4, 0, 0, _f16(r, o), _f16(r, o + 2), y, ib * 32, w16)
+    elif fmt == Q5_0:
         for ib in range(n // 32):
-            o = ib * bs
-            d = _f16(r, o)
-            m = _f16(r, o + 2) if fmt == Q5_1 else np.float32(0.0)
-            qh = _u32(r, o + h0)
-            for j in range(w16):
-                v = np.int64(r[o + h0 + 4 + j])
-                x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
-                x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
-                if fmt == Q5_0:
-                    y[ib * 32 + j] = np.float32(x0 - 16) * d
-                    y[ib * 32 + j + 16] = np.float32(x1 - 16) * d
-                else:
-                    y[ib * 32 + j] = np.float32(x0) * d + m
-                    y[ib * 32 + j + 16] = np.float32(x1) * d + m
+            o = ib * 22
+            _q45_block(r, o + 6, _u32(r, o + 2), 16, _f16(r, o), NO_MIN, y, ib * 32, w16)
+    elif fmt == Q5_1:
+        for ib in range(n // 32):
+            o = ib * 24
+            _q45_block(r, o + 8, _u32(r, o + 4), 0, _f16(r, o), _f16(r, o + 2), y, ib * 32, w16)
     elif fmt == MXFP4:
         for ib in range(n // 32):
             o = ib * 17
