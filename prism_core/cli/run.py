@@ -108,8 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                          flash_attn=not args.no_flash_attn, lora=lora_list(args))
             # kernels a JIT backend compiles while the model loads (numba, cold: the weights' preparation) are
             # compiling, reported with the rest of it, not load time (the process has compiled nothing before)
-            load_compile_s = min(model.backend.compile_seconds(), time.perf_counter() - t0)
-            load_s = time.perf_counter() - t0 - load_compile_s
+            elapsed = time.perf_counter() - t0
+            load_compile_s = min(model.backend.compile_seconds(), elapsed)
+            load_s = elapsed - load_compile_s
             p_ids = prompt_ids(model, prompt)
             n_predict = args.n_predict if args.n_predict >= 0 else max(model.cache.n_ctx - len(p_ids), 0)
             ids, pieces, first = [], [], None
