@@ -102,4 +102,4 @@ def test_compiling_while_loading_counts_as_compiling_not_load(tiny, capsys, monk
     assert rep["load_s"] == 0.0 and rep["compile_s"] > 0.0
     assert main(["run", tiny, "-p", "the cat", "-n", "2", "--temp", "0", "--backend", "numpy"]) == 0
     err = capsys.readouterr().err
-    assert "s (not in the speeds or the load); load 0.00 s;" in err, err
+    assert "; load 0.00 s;" in err, err  # (the tiny model loads in less than the 0.05 s a compile line needs)
