@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from ._jit import _OPTS, unary_value
+from ._jit import _OPTS, row_index, unary_value
 
 # MUL_MAT sums in float32 in any order (within its op's error bound): reassociation lets
 # LLVM vectorise the dot products; no other fast-math assumption (NaN/inf are kept).
@@ -299,10 +299,7 @@ def transpose(s, o):
     n3, n2, nj, ni = o.shape
     tj = (nj + TRANSPOSE_TILE - 1) // TRANSPOSE_TILE
     for task in prange(n3 * n2 * tj):
-        jt = task % tj
-        t = task // tj
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, jt = row_index(task, tj, n2)
         j0 = jt * TRANSPOSE_TILE
         j1 = min(j0 + TRANSPOSE_TILE, nj)
         for i0 in range(0, ni, TRANSPOSE_TILE):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._jit import row_index
 from ._jit_fast import dot_row, dot_rows8
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
@@ -278,9 +279,8 @@ def q_dequant(fmt, a, o):
     """o[i3, i2, i1, :] = the values of block row a[i3, i2, i1] (same row counts)."""
     n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
     for t in prange(n3 * n2 * n1):
-        i1 = t % n1
-        u = t // n1
-        decode_row(fmt, a[u // n2, u % n2, i1], o[u // n2, u % n2, i1])
+        i3, i2, i1 = row_index(t, n1, n2)
+        decode_row(fmt, a[i3, i2, i1], o[i3, i2, i1])
 
 
 @njit(parallel=True, **_OPTS)
@@ -288,10 +288,7 @@ def q_get_rows(fmt, a, idx, o):
     """o[i3, i2, i1, :] = the values of a[i3, i2, idx[0, i3, i2, i1]]."""
     n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
     for t in prange(n3 * n2 * n1):
-        i1 = t % n1
-        u = t // n1
-        i2 = u % n2
-        i3 = u // n2
+        i3, i2, i1 = row_index(t, n1, n2)
         decode_row(fmt, a[i3, i2, idx[0, i3, i2, i1]], o[i3, i2, i1])
 
 
@@ -314,10 +311,7 @@ def q_mul_mat(fmt, a, b, o):
     rows = GROUP * GROUPS_PER_TASK
     tm = (nm + rows - 1) // rows
     for task in prange(a3 * a2 * tm):
-        jm = task % tm
-        u = task // tm
-        k2 = u % a2
-        k3 = u // a2
+        k3, k2, jm = row_index(task, tm, a2)
         tile = np.empty((GROUP, nk), np.float32)
         m_end = min(nm, (jm + 1) * rows)
         for m0 in range(jm * rows, m_end, GROUP):
