@@ -163,6 +163,16 @@ def im2col(x, lx, o, kind, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
                         st(o, kind, n, oh, ow, col, 0.0)
 
 
+@njit(inline="always", **_OPTS)
+def _strided_pos(t, s, n):
+    """t // s when t is a non-negative multiple of the stride s and t // s < n, else -1: the window position
+    whose tap lands t steps into the input (the transposed direction of a strided window)."""
+    if t < 0 or t % s != 0:
+        return -1
+    q = t // s
+    return q if q < n else -1
+
+
 @njit(parallel=True, **_OPTS)
 def im2col_back(g, lg, o, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
     """o[n, ic, y, x] = sum over the taps (kh, kw) that read (y, x) of g[n, oh, ow, col]."""
@@ -173,18 +183,12 @@ def im2col_back(g, lg, o, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
         for xx in range(iw):
             acc = 0.0
             for kh in range(kh_n):
-                ty = y + p1 - kh * d1
-                if ty < 0 or ty % s1 != 0:
-                    continue
-                oh = ty // s1
-                if oh >= oh_n:
+                oh = _strided_pos(y + p1 - kh * d1, s1, oh_n)
+                if oh < 0:
                     continue
                 for kw in range(kw_n):
-                    tx = xx + p0 - kw * d0
-                    if tx < 0 or tx % s0 != 0:
-                        continue
-                    ow = tx // s0
-                    if ow >= ow_n:
+                    ow = _strided_pos(xx + p0 - kw * d0, s0, ow_n)
+                    if ow < 0:
                         continue
                     acc += ld(g, lg, n, oh, ow, (ic * kh_n + kh) * kw_n + kw)
             o[n, ic, y, xx] = acc
@@ -224,11 +228,8 @@ def conv_transpose_1d(a, la, x, lx, o, s0):
         for j in range(nj):
             acc = 0.0
             for t in range(k_n):
-                q = j - t
-                if q < 0 or q % s0 != 0:
-                    continue
-                ll = q // s0
-                if ll >= nl:
+                ll = _strided_pos(j - t, s0, nl)
+                if ll < 0:
                     continue
                 for ic in range(ic_n):
                     acc += ld(a, la, 0, ic, oc, t) * ld(x, lx, 0, 0, ic, ll)
