@@ -299,7 +299,9 @@ class Certifier:
         if not findings:
             return ""
         first = findings[0]
-        more = f" ({len(findings) - 1} more nodes out of bound after it)" if len(findings) > 1 else ""
+        from collections import Counter
+        ops = Counter(f.op for f in findings[1:])
+        more = f" (after it, out of bound too: {', '.join(f'{op} x{n}' for op, n in ops.items())})" if ops else ""
         return f"{first}{more}"
 
     def close(self) -> None:

@@ -94,9 +94,14 @@ class _EveryNode:
         self.findings: list[NodeFinding] | None = None
 
     def select(self, graph: Graph) -> Graph:
+        from ..ops.build import view_1d
+        from ..tensor import Flag
         for node in graph.nodes:
             if node.view_src is None and node.opdef is not None:
                 node.set_output()
+        for leaf in list(graph.leafs):  # a view read last keeps each input's memory to the end of the graph
+            if leaf.flags & Flag.INPUT and leaf.is_contiguous():
+                graph.expand(view_1d(leaf, leaf.nelements))
         return graph
 
     def collect(self, graph: Graph) -> None:

@@ -3,7 +3,8 @@
     pytest --pyargs prism_core.conformance --prism-backend NAME [-n auto]
 
 Forward cases (``test_conformance``) and gradient cases (``test_gradients``); select one
-with ``-k test_conformance`` / ``-k test_gradients``. A case the backend does not support
+with ``-k test_conformance`` / ``-k test_gradients``. ``test_model`` certifies a model given with
+``--prism-model`` (deselected without it). A case the backend does not support
 is skipped with the reason; a failure, a timeout or a crash fails the test with the case,
 the error against its bound and the worst element (or the signal and where it happened).
 """
@@ -27,3 +28,11 @@ def test_gradients(prism_backend, prism_grad_case, prism_runner) -> None:
     if result.status == UNSUPPORTED:
         pytest.skip(f"unsupported on {prism_backend.name}: {result.message}")
     assert result.status == PASS, result.describe()
+
+
+def test_model(prism_backend, prism_model_case, prism_model_runner, request) -> None:
+    from prism_core.conformance.model_report import prompt_row
+    r, where = prism_model_runner.check(prism_backend, prism_model_case)
+    request.node.user_properties.append(("prism_model", prompt_row(r, "")))
+    failed = r.error or "; ".join(f"{c.kind}: {c.message}" for c in r.checks if not c.passed)
+    assert r.passed, failed + (f"; first node out of its op's bounds: {where}" if where else "")
