@@ -195,6 +195,47 @@ def test_pytest_plugin_certifies_a_model(tiny, tmp_path):
                         "--prism-model", tiny, "--prism-prompts", "2", "--prism-reference-cache", str(tmp_path)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "6 passed" in r.stdout  # 2 prompts x 3 cache types
+    assert "7 passed" in r.stdout  # 2 prompts x 3 cache types, and the node sweep
     rows = [line for line in r.stdout.splitlines() if "  csimd  teacher-forced ok" in line]
     assert "prism model conformance" in r.stdout and len(rows) == 6 and rows[-1].startswith("q8_0  prompt 2")
+
+
+def test_a_q8_product_is_judged_by_its_activation_rounding():
+    """Heavy-tailed activations (one outlier per Q8_K block, as a model's FFN has): csimd's product is
+    outside MUL_MAT's NMSE bound of 5e-4 because its Q8_K rounding is coarse, yet within what that
+    rounding allows; 10% off on half the outputs is not."""
+    from prism_core.conformance.model_nodes import q8_product_verdict
+    from prism_core.conformance.runner import judge
+    r = np.random.default_rng(0)
+    w = r.standard_normal((64, 512)).astype(np.float32)
+    x = r.standard_normal((3, 512)).astype(np.float32)
+    x[:, ::256] = 60.0  # each block's step becomes 60/127: the other values round coarsely
+
+    def product(backend: str) -> tuple[pc.Tensor, np.ndarray]:
+        ctx = pc.Context(mem_size=1 << 24)
+        y = pc.mul_mat(ctx.from_numpy(w, type=G.Q4_K), ctx.from_numpy(x)).set_output()
+        pc.plan(y, pc.backend(backend), strict=True).compute()
+        return y, y.numpy().copy()
+    y, got = product("csimd")
+    _, ref = product("numpy")
+    assert not judge(y, y, got, ref).ok  # NMSE 1.2e-3 against the op's 5e-4
+    assert q8_product_verdict(y, got, ref).ok
+    bad = got.copy()
+    bad[..., :32] *= 1.1
+    v = q8_product_verdict(y, bad, ref)
+    assert not v.ok and "times the error quantizing the activations to q8_K allows" in v.message, v
+
+
+def test_an_op_wrong_within_the_model_bounds_is_caught_by_the_sweep(tiny, register, capsys):
+    """1e-5 relative on half of every GEGLU row of a q8 backend: the logits stay within the q8 bounds, but
+    the node sweep (on by default) finds GEGLU 80 ulp off, beyond its 8 ulp; --no-sweep does not look."""
+    name = register(Perturbed("slightgeglu", "csimd", "GEGLU", 1 + 1e-5))
+    args = ("--model", tiny, "--backend", name, "--prompts", "1", "--cache-type", "f16", "--reference-cache", "none")
+    rc, out = _run(capsys, *args)
+    assert rc == 1, out
+    assert "teacher-forced logits (f16)  ok 1/1" in out  # the model-level checks pass
+    (v,) = _verdicts(out)
+    assert "first node out of bound: GEGLU node #" in v, v
+    assert next(line for line in out.splitlines() if line.startswith("node sweep")).split()[-2:] == ["GEGLU", "x2"]
+    rc, out = _run(capsys, *args, "--no-sweep")
+    assert rc == 0 and "node sweep  not run" in out, out

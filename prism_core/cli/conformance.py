@@ -61,8 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--reference-cache", metavar="DIR",
                    help="where the reference's logits are kept between runs (default: $PRISM_CACHE_DIR or "
                         "~/.cache/prism, reference-logits/; 'none': not kept)")
-    m.add_argument("--sweep", action="store_true",
-                   help="also run the node-by-node sweep when every check passed (it always runs on a failure)")
+    m.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the node-by-node sweep when every check passed (it runs on the first prompt "
+                        "otherwise, and always on a failure)")
     c.set_defaults(func=cmd_conformance)
 
 
@@ -79,7 +80,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         return cmd_model_conformance(args)
     model_only = [f for f, v in (("--prompts", args.prompts), ("--tokens", args.tokens),
                                  ("--cache-type", args.cache_type), ("--reference-cache", args.reference_cache),
-                                 ("--sweep", args.sweep)) if v]
+                                 ("--no-sweep", not args.sweep)) if v]
     if model_only:
         raise InvalidArgument(f"{', '.join(model_only)} certify a model: give --model MODEL with them")
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)

@@ -21,11 +21,12 @@ def _refuse_op_suite_options(args: argparse.Namespace) -> None:
 def cmd_model_conformance(args: argparse.Namespace) -> int:
     from ..conformance import model_cert as mc
     from ..conformance.reference_cache import default_dir
+    from ..models import certify
     from ..plugin.registry import REGISTRY, backend, backends
     _refuse_op_suite_options(args)
     caches = [c.strip() for a in args.cache_type or [] for c in a.split(",") if c.strip()]
     ref_dir = args.reference_cache
-    s = mc.setup(args.model, prompts=args.prompts or mc.DEFAULT_PROMPTS, tokens=args.tokens or mc.DEFAULT_TOKENS,
+    s = certify.setup(args.model, prompts=args.prompts or mc.DEFAULT_PROMPTS, tokens=args.tokens or mc.DEFAULT_TOKENS,
                  cache_types=caches or mc.CACHE_TYPES,
                  reference_dir=None if ref_dir == "none" else (ref_dir or default_dir()))
     reference = REGISTRY.reference()
@@ -50,11 +51,12 @@ def _run(args: argparse.Namespace, s, names: list[str], reference, model: str) -
     from .. import progress
     from ..conformance import model_cert as mc
     from ..conformance.model_report import prompt_row, table, verdict
+    from ..models import certify
     from ..plugin.registry import backend
     from ..progress_bars import ProgressBars
     total = len(names) * len(s.prompts) * len(s.cache_types)
     done = 0
-    certifier = mc.Certifier(s, reference)
+    certifier = certify.Certifier(s, reference)
     results: dict[str, mc.BackendResult] = {}
 
     def got(p: mc.PromptResult) -> None:
@@ -69,7 +71,7 @@ def _run(args: argparse.Namespace, s, names: list[str], reference, model: str) -
     try:
         with ProgressBars(sys.stderr):
             for name in names:
-                results[name] = mc.certify(s, backend(name), reference, certifier=certifier, on_prompt=got,
+                results[name] = certify.certify(s, backend(name), reference, certifier=certifier, on_prompt=got,
                                            sweep=args.sweep)
                 certifier.close()
     except KeyboardInterrupt:

@@ -25,14 +25,12 @@ bounds is named.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import InvalidArgument, PrismError
+from ..errors import InvalidArgument
 from ..plugin.base import Backend
 
 # Short on purpose (the reference computes a 270M model at about one token a second in a batch), and
@@ -135,12 +133,13 @@ class BackendResult:
     backend: str
     bounds: Bounds | None
     prompts: list[PromptResult] = field(default_factory=list)
-    node: str = ""  # the first node out of its op's bounds, when a check failed and the sweep found one
-    sweep: str = ""  # what the node sweep did (ran, or why not)
+    node: str = ""  # the first node out of its op's bounds, when the sweep found one
+    sweep: str = ""  # what the node sweep found
+    sweep_ops: dict[str, int] | None = None  # nodes out of bounds by op (None: the sweep did not run)
 
     @property
     def passed(self) -> bool:
-        return bool(self.prompts) and all(p.passed for p in self.prompts)
+        return bool(self.prompts) and all(p.passed for p in self.prompts) and not self.sweep_ops
 
 
 def relative_errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float, float]:
@@ -189,179 +188,3 @@ def greedy(tokens: Sequence[int], ref_rows: np.ndarray, b: Bounds) -> Check:
                        f"({margin / scale if scale else math.inf:.3g} of the row's rms; near-tie bound "
                        f"{2 * b.element:.3g})")
     return Check("greedy", not bad, agree=agree, total=len(tokens), message="; ".join(bad))
-
-
-# ------------------------------------------------------------------ running a backend
-@dataclass
-class Setup:
-    """What a certification run is: the model file, prompts, cache types, generated tokens."""
-
-    path: str
-    prompts: tuple[str, ...]
-    cache_types: tuple[str, ...] = CACHE_TYPES
-    tokens: int = DEFAULT_TOKENS
-    reference_dir: Path | None = None  # where reference logits are cached (None: not cached)
-
-    @property
-    def n_ctx(self) -> int:
-        return 256
-
-
-def setup(model: str, *, prompts: int = DEFAULT_PROMPTS, cache_types: Sequence[str] = CACHE_TYPES,
-          tokens: int = DEFAULT_TOKENS, reference_dir: str | Path | None = None) -> Setup:
-    """Check the arguments and resolve ``model`` (a GGUF path or a catalog name) before any work."""
-    from ..models.catalog import resolve
-    if isinstance(prompts, bool) or not isinstance(prompts, int) or not 1 <= prompts <= len(PROMPTS):
-        raise InvalidArgument(f"prompts must be an int in [1, {len(PROMPTS)}] (the built-in prompts), got {prompts!r}")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 64:
-        raise InvalidArgument(f"tokens must be an int in [1, 64], got {tokens!r}")
-    cts = tuple(dict.fromkeys(str(c).lower() for c in cache_types))
-    unknown = [c for c in cts if c not in CACHE_TYPES]
-    if unknown or not cts:
-        raise InvalidArgument(f"cache types must be among {', '.join(CACHE_TYPES)}, got {', '.join(cts) or 'none'}")
-    return Setup(resolve(model), PROMPTS[:prompts], cts, tokens,
-                 Path(reference_dir) if reference_dir is not None else None)
-
-
-def _load(s: Setup, backend: Backend, cache: str):
-    from ..errors import PrismWarning
-    from ..models import load
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PrismWarning)  # the reference's "slow" warning: we know
-        return load(s.path, backend=backend, n_ctx=s.n_ctx, cache_type=cache)
-
-
-def n_products(model) -> int:
-    """Products in the model's one-token graph (matrix products and attentions): the ``n`` of the bounds."""
-    g = model.plans()[0].graph  # every graph of the model holds the same products
-    return sum(1 for node in g.nodes if node.opdef is not None and node.opdef.key in PRODUCT_OPS)
-
-
-def _fallback_ops(model) -> list[str]:
-    return sorted({f.node.opdef.key for p in model.plans() for f in p.fallbacks})
-
-
-class Certifier:
-    """Runs the certification of backends on one :class:`Setup`; the reference's logits are computed
-    once per (cache type, token sequence) and kept on disk when the setup names a directory."""
-
-    def __init__(self, s: Setup, reference: Backend) -> None:
-        from .reference_cache import ReferenceLogits
-        self.setup = s
-        self.reference = reference
-        self.refs = ReferenceLogits(s.path, reference, s.reference_dir, lambda cache: _load(s, reference, cache))
-        self._models: dict[tuple[str, str], object] = {}
-        self._ids: list[list[int]] | None = None
-
-    def prompt_ids(self) -> list[list[int]]:
-        if self._ids is None:
-            m = self._model(self.reference, self.setup.cache_types[0]) if not self._models else \
-                next(iter(self._models.values()))
-            self._ids = [_encode(m, p) for p in self.setup.prompts]
-        return self._ids
-
-    def _model(self, backend: Backend, cache: str):
-        key = (backend.name, cache)
-        if key not in self._models:
-            for k in [k for k in self._models if k[0] != backend.name]:  # one backend's models at a time
-                self._models.pop(k)
-            self._models[key] = _load(self.setup, backend, cache)
-        return self._models[key]
-
-    def bounds(self, backend: Backend) -> Bounds:
-        return Bounds(precision_of(backend), n_products(self._model(backend, self.setup.cache_types[0])))
-
-    def prompt(self, backend: Backend, cache: str, index: int) -> PromptResult:
-        """The three checks of prompt ``index`` on ``backend`` with KV cache ``cache``."""
-        b = self.bounds(backend)
-        ids = self.prompt_ids()[index]
-        try:
-            m = self._model(backend, cache)
-            decoded, cont = _decode(m, ids, self.setup.tokens)
-            fed = ids + cont[:-1]
-            with m.new_sequence("certification: batched pass") as seq:
-                batched = seq.logits(fed)
-        except PrismError as e:
-            return PromptResult(backend.name, cache, index, len(ids), [], error=f"{type(e).__name__}: {e}")
-        ref = self.refs.logits(cache, fed)
-        first = len(batched) - len(decoded)  # the position of the first decoded row
-        checks = [teacher_forced(batched, ref, b), batch_gap(decoded, batched[first:], b),
-                  greedy(cont, ref[len(ids) - 1:], b)]
-        return PromptResult(backend.name, cache, index, len(ids), checks, _fallback_ops(m))
-
-    def locate(self, backend: Backend, cache: str, index: int) -> str:
-        """The first node of the model's graph whose result leaves its op's bounds when it is computed on
-        ``backend`` from the reference's values of its sources ("" when none does)."""
-        from .model_nodes import sweep
-        m = self._model(backend, cache)
-        ids = self.prompt_ids()[index]
-        findings = sweep(m, ids, self.reference)
-        if not findings:
-            return ""
-        first = findings[0]
-        from collections import Counter
-        ops = Counter(f.op for f in findings[1:])
-        more = f" (after it, out of bound too: {', '.join(f'{op} x{n}' for op, n in ops.items())})" if ops else ""
-        return f"{first}{more}"
-
-    def close(self) -> None:
-        self._models.clear()
-
-
-def _encode(m, prompt: str) -> list[int]:
-    """The prompt's tokens; for a model whose vocabulary cannot encode it (no tokenizer in the file, no byte
-    fallback), its UTF-8 bytes modulo the vocabulary size after BOS: the numerics are certified either way."""
-    try:
-        return m.encode(prompt)
-    except PrismError:
-        bos = m.meta.get("tokenizer.ggml.bos_token_id")
-        return ([int(bos)] if bos is not None else []) + [b % m.hparams.n_vocab for b in prompt.encode()]
-
-
-def _decode(m, ids: list[int], tokens: int) -> tuple[np.ndarray, list[int]]:
-    """Prefill the first half of ``ids``, feed the rest one token at a time, then generate ``tokens``
-    greedily: the logits rows of every position from the prefill's last one on, and the tokens."""
-    k = max(1, len(ids) // 2)
-    rows, cont = [], []
-    with m.new_sequence("certification: prefill then decode") as seq:
-        rows.append(seq.eval(ids[:k])[-1:])
-        for t in ids[k:]:
-            rows.append(seq.eval([t]))
-        for j in range(tokens):
-            cont.append(int(np.argmax(rows[-1][0])))
-            if j < tokens - 1:
-                rows.append(seq.eval([cont[-1]]))
-    return np.concatenate(rows), cont
-
-
-def certify(s: Setup, backend: Backend, reference: Backend, *, certifier: Certifier | None = None,
-            on_prompt: Callable[[PromptResult], None] | None = None, sweep: bool = False) -> BackendResult:
-    """Every prompt and cache type of ``s`` on ``backend``; on a failure (or with ``sweep``, on the first
-    prompt anyway), the node sweep names the first node out of its op's bounds."""
-    c = certifier or Certifier(s, reference)
-    try:
-        out = BackendResult(backend.name, c.bounds(backend))
-    except PrismError as e:
-        out = BackendResult(backend.name, None)
-        out.prompts.append(PromptResult(backend.name, s.cache_types[0], 0, 0, [], error=f"{type(e).__name__}: {e}"))
-        return out
-    for cache in s.cache_types:
-        for i in range(len(s.prompts)):
-            r = c.prompt(backend, cache, i)
-            out.prompts.append(r)
-            if on_prompt is not None:
-                on_prompt(r)
-    failed = next((p for p in out.prompts if not p.passed and not p.error), None)
-    if failed is None and sweep and out.prompts and not out.prompts[0].error:
-        failed = out.prompts[0]
-    if failed is not None:
-        try:
-            out.node = c.locate(backend, failed.cache, failed.prompt)
-            out.sweep = (f"node sweep on prompt {failed.prompt + 1}, cache {failed.cache}: "
-                         + ("first node out of its op's bounds: " + out.node if out.node
-                            else "every node within its op's bounds (the error builds up over the graph)"))
-        except PrismError as e:
-            out.sweep = f"node sweep failed: {type(e).__name__}: {e}"
-    if certifier is None:
-        c.close()
-    return out

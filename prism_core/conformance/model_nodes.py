@@ -19,6 +19,7 @@ from ..graph import Graph
 from ..plugin.base import Backend
 from ..schedule import computes_nothing
 from ..tensor import Tensor
+from .model_cert import TAIL
 from .runner import Verdict, judge, quiet_reference
 
 
@@ -83,11 +84,12 @@ def sweep_graph(graph: Graph, backend: Backend, reference: Backend) -> list[Node
     return findings
 
 
-# A Q8 activation value is off by at most half its step (its block's max / 127) plus the fp16 scale's
-# rounding (tests/test_ggml_mulmat_golden.py derives the same); doubled for Q8_1's rounded block sums
-# (Q4_1/Q5_1 weights) and the float32 accumulation.
-Q8_STEP = 1 / 254 + 2.0**-11
-Q8_SLACK = 2.0
+# A Q8 activation value is off by at most half its step, its block's max / 254: uniform rounding, rms that
+# over sqrt(3), independent from value to value, so a product's element is off by about
+# sqrt(sum_k (step_k w_k)^2 / 3) and by at most TAIL times that; the block scale's fp16 rounding (2^-11,
+# the same for a whole block), Q8_1's rounded block sums and the float32 accumulation stay under
+# 2^-10 of sum_k |x_k w_k|.
+SCALE_ROUNDING = 2.0**-10
 _ROWS = 16384  # weight rows dequantized at once
 
 
@@ -100,8 +102,7 @@ def _q8_product(node: Tensor) -> bool:
 
 def q8_product_verdict(node: Tensor, got, ref) -> Verdict:
     """A block-weight product of a backend quantizing its activations (``activation_precision`` "q8"):
-    every element within the error that quantization allows, ``Q8_SLACK * sum_k step_k |w_k|`` with
-    ``step_k`` the rounding of activation k (``Q8_STEP`` times its block's max), instead of the op's NMSE
+    every element within the error quantizing the activations allows (see above), instead of the op's NMSE
     bound (on a model's heavy-tailed activations the rounding alone can exceed it)."""
     import numpy as np
 
@@ -111,13 +112,13 @@ def q8_product_verdict(node: Tensor, got, ref) -> Verdict:
     k, n = w.ne[0], w.ne[1]
     blk = traits(w.traits.vec_dot_type).blck_size
     xs = np.asarray(x.numpy(), np.float64).reshape(-1, k)
-    step = np.repeat(np.abs(xs).reshape(len(xs), -1, blk).max(axis=2), blk, axis=1) * Q8_STEP
+    half_step = np.repeat(np.abs(xs).reshape(len(xs), -1, blk).max(axis=2), blk, axis=1) / 254
     err = np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64)).reshape(-1, n)
     raw = w.raw().reshape(n, -1)
     worst = (0.0, 0, 0)
     for lo in range(0, n, _ROWS):
         wd = np.abs(dequantize(raw[lo:lo + _ROWS], w.type).astype(np.float64))
-        bound = Q8_SLACK * (step @ wd.T) + 1e-6 * (np.abs(xs) @ wd.T)
+        bound = TAIL * np.sqrt((half_step**2 / 3) @ (wd**2).T) + SCALE_ROUNDING * (np.abs(xs) @ wd.T)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(bound > 0, err[:, lo:lo + _ROWS] / bound, np.where(err[:, lo:lo + _ROWS] > 0, np.inf, 0))
         j = np.unravel_index(int(np.argmax(ratio)), ratio.shape)

@@ -39,6 +39,14 @@ def cell(prompts: list[PromptResult], kind: str) -> str:
     return f"{head or f'ok {n}/{n}'} {text}"
 
 
+def _sweep_cell(r: BackendResult) -> str:
+    if r.sweep_ops is None:
+        return "not run"
+    if not r.sweep_ops:
+        return "ok"
+    return "FAIL " + ", ".join(f"{op} x{n}" for op, n in r.sweep_ops.items())
+
+
 def prompt_row(p: PromptResult, prompt_text: str) -> str:
     """The line streamed when a prompt's checks are done."""
     label = f"{p.cache:<5} prompt {p.prompt + 1} ({p.n_tokens} tokens)"
@@ -64,13 +72,15 @@ def table(results: dict[str, BackendResult], cache_types: tuple[str, ...]) -> st
         for kind, title in KINDS:
             rows.append([f"{title} ({cache})",
                          *(cell([p for p in results[b].prompts if p.cache == cache], kind) for b in names)])
+    rows.append(["node sweep", *(_sweep_cell(results[b]) for b in names)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines += ["", "teacher-forced: the batched logits against the reference's, rms error over the reference's "
               "rms and the worst logit's error over its row's rms (in logits); decode vs batch: the same "
               "backend's decoded rows against its batched ones; greedy: tokens equal to the reference's "
-              "argmax (a near tie within the bound may differ)", "", "Bounds:"]
+              "argmax (a near tie within the bound may differ); node sweep: each node of one batched pass "
+              "computed from the reference's inputs, judged with its op's bounds", "", "Bounds:"]
     for b, r in results.items():
         lines.append(f"  {b}: {r.bounds.text() if r.bounds else 'none (the model did not load)'}")
     notes = []
@@ -111,4 +121,6 @@ def verdict(r: BackendResult, model: str) -> tuple[bool, str]:
         why.append(f"{len(bad)} failing checks ({', '.join(kinds)})")
     if r.node:
         why.append(f"first node out of bound: {r.node.split(':')[0]}")
+    elif r.sweep_ops:
+        why.append(r.sweep)
     return False, f"NOT certified on {model}: {'; '.join(why) or 'no checks ran'} ({r.backend})"

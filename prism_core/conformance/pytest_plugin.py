@@ -90,8 +90,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cases = grad_suite(metafunc.config).cases()
         metafunc.parametrize("prism_grad_case", cases, ids=[c.name for c in cases])
     if "prism_model_case" in metafunc.fixturenames:
-        s = model_setup(metafunc.config)
-        cases = [(c, i) for c in s.cache_types for i in range(len(s.prompts))] if s is not None else []
+        cases = model_cases(metafunc.config)
         metafunc.parametrize("prism_model_case", cases, ids=[f"{c}-prompt{i + 1}" for c, i in cases])
     if "prism_backend_name" in metafunc.fixturenames:
         names = _backend_names(metafunc.config)
@@ -153,58 +152,31 @@ def prism_runner(request: pytest.FixtureRequest):
 
 
 # ------------------------------------------------------------------ model certification (--prism-model)
-_setups: dict[int, object] = {}
-
-
-def model_setup(config: pytest.Config):
-    """The run's :class:`~.model_cert.Setup` from the --prism-model options (None without a model)."""
+# The fixture prism_model_runner comes from prism_core.models.certify_pytest (entry point pytest11
+# prism_model): loading models is above this package.
+def model_cases(config: pytest.Config) -> list[tuple[str, int]]:
+    """(cache type, prompt index) of each test_model, from the --prism-model options ([] without a model)."""
+    from .model_cert import CACHE_TYPES, DEFAULT_PROMPTS, PROMPTS
     if config.getoption("prism_model") is None:
-        return None
-    if id(config) not in _setups:
-        from . import model_cert as mc
-        from .reference_cache import default_dir
-        ref = config.getoption("prism_reference_cache")
-        _setups[id(config)] = mc.setup(
-            config.getoption("prism_model"), prompts=config.getoption("prism_prompts") or mc.DEFAULT_PROMPTS,
-            cache_types=config.getoption("prism_cache_type") or mc.CACHE_TYPES,
-            reference_dir=None if ref == "none" else (ref or default_dir()))
-    return _setups[id(config)]
+        return []
+    n = config.getoption("prism_prompts") or DEFAULT_PROMPTS
+    if n > len(PROMPTS):
+        raise pytest.UsageError(f"--prism-prompts: at most {len(PROMPTS)} (the built-in prompts), got {n}")
+    caches = list(dict.fromkeys(c.lower() for c in config.getoption("prism_cache_type"))) or list(CACHE_TYPES)
+    bad = [c for c in caches if c not in CACHE_TYPES]
+    if bad:
+        raise pytest.UsageError(f"--prism-cache-type: one of {', '.join(CACHE_TYPES)}, got {', '.join(bad)}")
+    return [(c, i) for c in caches for i in range(n)]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without --prism-model, the model tests are deselected rather than shown as skipped."""
     if config.getoption("prism_model") is not None:
         return
-    keep = [i for i in items if "prism_model_case" not in getattr(i, "fixturenames", ())]
+    keep = [i for i in items if "prism_model_runner" not in getattr(i, "fixturenames", ())]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
-
-
-class _ModelRunner:
-    """One certifier for the session: each backend's models are loaded once per cache type."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        from ..plugin.registry import REGISTRY
-        from . import model_cert as mc
-        self.setup = model_setup(config)
-        self.certifier = mc.Certifier(self.setup, REGISTRY.reference())
-
-    def check(self, backend, case: tuple[str, int]):
-        """(the prompt's result, the node sweep's finding on a failure)."""
-        cache, index = case
-        r = self.certifier.prompt(backend, cache, index)
-        where = ""
-        if not r.passed and not r.error:
-            where = self.certifier.locate(backend, cache, index)
-        return r, where
-
-
-@pytest.fixture(scope="session")
-def prism_model_runner(request: pytest.FixtureRequest):
-    runner = _ModelRunner(request.config)
-    yield runner
-    runner.certifier.close()
 
 
 # ------------------------------------------------------------------ the summary table at the end
@@ -254,9 +226,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         tr.section("prism model conformance")
         for row in sorted(_model_rows):
             tr.write_line(row)
-        s = model_setup(config)
-        if s is not None:
-            tr.write_line(f"model {s.path}; bounds: prism conformance --model prints them per backend")
+        tr.write_line(f"model {config.getoption('prism_model')}; prism conformance --model prints the bounds")
     if not _tallies:
         return
     tr.section("prism conformance")
