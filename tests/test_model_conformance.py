@@ -239,3 +239,19 @@ def test_an_op_wrong_within_the_model_bounds_is_caught_by_the_sweep(tiny, regist
     assert next(line for line in out.splitlines() if line.startswith("node sweep")).split()[-2:] == ["GEGLU", "x2"]
     rc, out = _run(capsys, *args, "--no-sweep")
     assert rc == 0 and next(line for line in out.splitlines() if line.startswith("node sweep")).endswith("not run")
+
+
+def test_model_reports_and_quiet(tiny, tmp_path, capsys):
+    import json
+    rc, out = _run(capsys, "--model", tiny, "--backend", "numpy", "--prompts", "1", "--cache-type", "f32", "-q",
+                   "--reference-cache", "none", "--report", "json", str(tmp_path / "m.json"),
+                   "--report", "markdown", str(tmp_path / "m.md"))
+    assert rc == 0 and "teacher-forced logits" not in out and len(_verdicts(out)) == 1, out  # -q: no table
+    cert = json.loads((tmp_path / "m.json").read_text())
+    (b,) = cert["backends"]
+    assert cert["mode"] == "model" and b["certified"] and b["bounds"]["precision"] == "f64"
+    (p,) = b["prompts"]
+    assert p["cache"] == "f32" and [c["kind"] for c in p["checks"]] == ["teacher-forced", "batch", "greedy"]
+    assert all(c["exact"] for c in p["checks"][:2]) and b["sweep"] == {"ran": True, "out_of_bounds": {},
+                                                                       "text": b["sweep"]["text"]}
+    assert "| " not in (md := (tmp_path / "m.md").read_text()) and "teacher-forced logits (f32)" in md

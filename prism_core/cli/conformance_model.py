@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 
 def _refuse_op_suite_options(args: argparse.Namespace) -> None:
     given = [f for f, v in (("--op", args.op), ("--random", args.random), ("--require", args.require),
-                            ("--require-all", args.require_all), ("--report", args.report),
+                            ("--require-all", args.require_all),
                             ("--budget", args.budget), ("--timeout", args.timeout), ("--in-process", args.in_process),
                             ("--mode grad", args.mode == "grad")) if v]
     if given:
@@ -77,9 +77,12 @@ def _run(args: argparse.Namespace, s, names: list[str], reference, model: str) -
     except KeyboardInterrupt:
         interrupted = True
     print()
-    if results:
-        print(table(results, s.cache_types))
+    text = table(results, s.cache_types) if results else ""
+    if text and not args.quiet:
+        print(text)
         print()
+    if args.report and results:
+        _write_reports(args.report, results, s, reference, model, text)
     n_ref = certifier.refs.computed
     print(f"reference: {n_ref} token sequences computed by {reference.name}"
           + (f", the rest read from {s.reference_dir}" if s.reference_dir else ""))
@@ -92,3 +95,19 @@ def _run(args: argparse.Namespace, s, names: list[str], reference, model: str) -
         print("incomplete run: interrupted")
         return 130
     return 0 if certified else 1
+
+
+def _write_reports(reports: list, results: dict, s, reference, model: str, text: str) -> None:
+    from ..conformance.model_report import certificate, to_markdown
+    from ..conformance.reference_cache import file_digest
+    from ..conformance.report import to_json
+    from ..errors import PrismError
+    cert = certificate(results, model=model, model_sha256=file_digest(s.path), reference=reference.name,
+                       prompts=s.prompts, cache_types=s.cache_types, tokens=s.tokens)
+    for fmt, path in reports:
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(to_json(cert) if fmt == "json" else to_markdown(cert, text))
+        except OSError as e:
+            raise PrismError(f"cannot write the {fmt} report to {path}: {e}") from None
+        print(f"wrote {fmt} report to {path}")

@@ -124,3 +124,36 @@ def verdict(r: BackendResult, model: str) -> tuple[bool, str]:
     elif r.sweep_ops:
         why.append(r.sweep)
     return False, f"NOT certified on {model}: {'; '.join(why) or 'no checks ran'} ({r.backend})"
+
+
+def certificate(results: dict[str, BackendResult], *, model: str, model_sha256: str, reference: str,
+                prompts: tuple[str, ...], cache_types: tuple[str, ...], tokens: int) -> dict:
+    """The run as a JSON-ready dict (``--report json``): the model, the reference, per backend its bounds,
+    every prompt's checks with their measurements, the node sweep and the verdict."""
+    from dataclasses import asdict
+
+    from .. import __version__
+    from .report import REPORT_FORMAT
+    out = {"format": REPORT_FORMAT, "prism_version": __version__, "mode": "model", "model": model,
+           "model_sha256": model_sha256, "reference": reference, "prompts": list(prompts),
+           "cache_types": list(cache_types), "tokens": tokens, "backends": []}
+    for name, r in results.items():
+        b = r.bounds
+        ok, line = verdict(r, model)
+        out["backends"].append({
+            "name": name, "certified": ok, "verdict": line,
+            "bounds": None if b is None else {"precision": b.precision, "unit": b.unit, "products": b.n_products,
+                                              "rms": b.rms, "element": b.element, "text": b.text()},
+            "prompts": [{"cache": p.cache, "prompt": p.prompt, "tokens": p.n_tokens, "error": p.error,
+                         "fallbacks": p.fallbacks, "checks": [asdict(c) for c in p.checks]} for p in r.prompts],
+            "sweep": {"ran": r.sweep_ops is not None, "out_of_bounds": r.sweep_ops or {}, "text": r.sweep}})
+    return out
+
+
+def to_markdown(cert: dict, table_text: str) -> str:
+    lines = [f"# Prism model conformance: {cert['model']}", "",
+             f"prism {cert['prism_version']}; reference {cert['reference']}; model SHA-256 {cert['model_sha256']}; "
+             f"{len(cert['prompts'])} prompts x {len(cert['cache_types'])} cache types, {cert['tokens']} greedy "
+             "tokens each", "", "```text", table_text, "```", ""]
+    lines += [f"- {b['verdict']}" for b in cert["backends"]]
+    return "\n".join(lines) + "\n"
