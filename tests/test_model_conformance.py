@@ -255,3 +255,16 @@ def test_model_reports_and_quiet(tiny, tmp_path, capsys):
     assert all(c["exact"] for c in p["checks"][:2]) and b["sweep"] == {"ran": True, "out_of_bounds": {},
                                                                        "text": b["sweep"]["text"]}
     assert "| " not in (md := (tmp_path / "m.md").read_text()) and "teacher-forced logits (f32)" in md
+
+
+def test_an_unreadable_reference_file_is_computed_again(tiny, tmp_path, capsys):
+    args = ("--model", tiny, "--backend", "csimd", "--prompts", "1", "--cache-type", "f16", "--no-sweep", "-q",
+            "--reference-cache", str(tmp_path))
+    rc, out = _run(capsys, *args)
+    assert rc == 0 and "reference: 1 token sequences computed" in out
+    (file,) = tmp_path.glob("*.npy")
+    file.write_bytes(b"not an array")
+    rc, out = _run(capsys, *args)
+    assert rc == 0 and "reference: 1 token sequences computed" in out
+    rc, out = _run(capsys, *args)
+    assert rc == 0 and "reference: 0 token sequences computed" in out

@@ -42,8 +42,9 @@ def cmd_model_conformance(args: argparse.Namespace) -> int:
         names = list(dict.fromkeys(backend(n).name for n in args.backend))
     model = os.path.basename(s.path)
     print(f"certifying {', '.join(names)} on {model}: {len(s.prompts)} prompts x {len(s.cache_types)} cache types "
-          f"({', '.join(s.cache_types)}), {s.tokens} greedy tokens each; reference: {reference.name} "
-          f"({'logits kept in ' + str(s.reference_dir) if s.reference_dir else 'logits not kept'})", flush=True)
+          f"({', '.join(s.cache_types)}), {s.tokens} greedy tokens each; reference: {reference.name} (activation "
+          f"precision {reference.activation_precision}; "
+          f"{'logits kept in ' + str(s.reference_dir) if s.reference_dir else 'logits not kept'})", flush=True)
     return _run(args, s, names, reference, model)
 
 

@@ -53,7 +53,7 @@ class ReferenceLogits:
     empty sequence, with KV cache type ``cache``; from ``directory`` when computed before."""
 
     def __init__(self, path: str, reference: Backend, directory: Path | None, load: Callable[[str], object],
-                 n_ctx: int = 256) -> None:
+                 n_ctx: int) -> None:
         self.path, self.reference, self.directory, self._load, self.n_ctx = path, reference, directory, load, n_ctx
         self._model: tuple[str, object] | None = None
         self.computed = 0  # sequences computed by the reference in this process (the rest came from disk)

@@ -46,10 +46,7 @@ class Setup:
     cache_types: tuple[str, ...] = CACHE_TYPES
     tokens: int = DEFAULT_TOKENS
     reference_dir: Path | None = None  # where reference logits are cached (None: not cached)
-
-    @property
-    def n_ctx(self) -> int:
-        return 256
+    n_ctx: int = 256  # the prompts and their greedy tokens fit well within it; part of the reference's key
 
 
 def setup(model: str, *, prompts: int = DEFAULT_PROMPTS, cache_types: Sequence[str] = CACHE_TYPES,
@@ -90,7 +87,8 @@ class Certifier:
     def __init__(self, s: Setup, reference: Backend) -> None:
         self.setup = s
         self.reference = reference
-        self.refs = ReferenceLogits(s.path, reference, s.reference_dir, lambda cache: _load(s, reference, cache))
+        self.refs = ReferenceLogits(s.path, reference, s.reference_dir, lambda cache: _load(s, reference, cache),
+                                    s.n_ctx)
         self._models: dict[tuple[str, str], object] = {}
         self._ids: list[list[int]] | None = None
 
