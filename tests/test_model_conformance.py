@@ -170,6 +170,8 @@ def test_decode_rows_that_differ_from_the_batch_fail_the_batch_check(tiny, regis
     assert "FAIL 1/1" in row
     tf = next(line for line in out.splitlines() if line.startswith("teacher-forced logits (f16)"))
     assert "ok 1/1" in tf  # the batched pass is right: only decoding is wrong
+    (v,) = _verdicts(out)  # and the sweep of a decode step names the product
+    assert "first node out of bound: MUL_MAT node #" in v and " in a decode step, before blk.0.attn_q.weight" in v, v
 
 
 @pytest.mark.parametrize("args, message", [
@@ -236,7 +238,7 @@ def test_an_op_wrong_within_the_model_bounds_is_caught_by_the_sweep(tiny, regist
     assert "teacher-forced logits (f16)  ok 1/1" in out  # the model-level checks pass
     (v,) = _verdicts(out)
     assert "first node out of bound: GEGLU node #" in v, v
-    assert next(line for line in out.splitlines() if line.startswith("node sweep")).split()[-2:] == ["GEGLU", "x2"]
+    assert next(line for line in out.splitlines() if line.startswith("node sweep")).split()[-2:] == ["GEGLU", "x4"]  # 2 layers, batched and decode
     rc, out = _run(capsys, *args, "--no-sweep")
     assert rc == 0 and next(line for line in out.splitlines() if line.startswith("node sweep")).endswith("not run")
 

@@ -1,6 +1,7 @@
 """Which node of a model's graph a backend gets wrong: the graph run node by node against the reference.
 
-The model computes one batched pass of the prompt on the backend with every result kept (a tap flags
+The model computes one batched pass of the prompt (or one decode step after it) on the backend with every
+result kept (a tap flags
 them all as outputs, so no memory is reused). Then, in graph order, each node is computed by the
 reference (its sources hold the reference's values by then), that result is saved, the backend computes
 the same node from the same sources, and its result is judged against the saved one with the op's own
@@ -33,13 +34,14 @@ class NodeFinding:
     where: str  # the weight the node's result goes into next, e.g. blk.3.ffn_norm.weight
     node: str  # the node's label (its name when it has one)
     verdict: Verdict
+    step: str = "a batched pass"  # or "a decode step": which graph of the model
 
     def __str__(self) -> str:
         v = self.verdict
         err = f"nmse {v.err:.3g} (bound {v.bound:.3g})" if v.err is not None else ""
         worst = f"; worst element {list(v.worst[0]) if isinstance(v.worst[0], tuple) else v.worst[0]}: " \
                 f"expected {v.worst[1]:.6g}, got {v.worst[2]:.6g}" if v.worst else ""
-        return (f"{self.op} node #{self.index} of {self.n_nodes} {self.node}, before {self.where}: "
+        return (f"{self.op} node #{self.index} of {self.n_nodes} {self.node} in {self.step}, before {self.where}: "
                 f"{v.message or 'exceeds the bound'}{'; ' + err if err else ''}{worst}")
 
 
@@ -161,14 +163,21 @@ class _EveryNode:
             self.findings = sweep_graph(graph, self.backend, self.reference)
 
 
-def sweep(model, ids: Sequence[int], reference: Backend) -> list[NodeFinding]:
+def sweep(model, ids: Sequence[int], reference: Backend, *, decode: bool = False) -> list[NodeFinding]:
     """One batched pass of ``ids`` through ``model`` (on its backend), swept node by node against
-    ``reference`` (see the module doc)."""
+    ``reference`` (see the module doc); with ``decode``, the last token's decode step after the others are
+    prefilled (the prefill's cache is the backend's, and both sides compute each node from it alike)."""
     tap = _EveryNode(model.backend, reference)
-    model.tap(tap)
-    try:
-        with model.new_sequence("certification: node sweep") as seq:
-            seq.eval(list(ids), all_logits=False)
-    finally:
-        model.tap(None)
+    ids = list(ids)
+    with model.new_sequence("certification: node sweep") as seq:
+        if decode and len(ids) > 1:
+            seq.eval(ids[:-1])
+            ids = ids[-1:]
+        model.tap(tap)
+        try:
+            seq.eval(ids)
+        finally:
+            model.tap(None)
+    for f in tap.findings or []:
+        f.step = "a decode step" if decode else "a batched pass"
     return tap.findings or []

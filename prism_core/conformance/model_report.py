@@ -79,8 +79,8 @@ def table(results: dict[str, BackendResult], cache_types: tuple[str, ...]) -> st
     lines += ["", "teacher-forced: the batched logits against the reference's, rms error over the reference's "
               "rms and the worst logit's error over its row's rms (in logits); decode vs batch: the same "
               "backend's decoded rows against its batched ones; greedy: tokens equal to the reference's "
-              "argmax (a near tie within the bound may differ); node sweep: each node of one batched pass "
-              "computed from the reference's inputs, judged with its op's bounds", "", "Bounds:"]
+              "argmax (a near tie within the bound may differ); node sweep: each node of a batched pass and "
+              "a decode step computed from the reference's inputs, judged with its op's bounds", "", "Bounds:"]
     for b, r in results.items():
         lines.append(f"  {b}: {r.bounds.text() if r.bounds else 'none (the model did not load)'}")
     notes = []

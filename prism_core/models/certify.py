@@ -129,9 +129,11 @@ class Certifier:
         return PromptResult(backend.name, cache, index, len(ids), checks, _fallback_ops(m))
 
     def locate(self, backend: Backend, cache: str, index: int) -> list:
-        """The nodes of the model's graph whose results leave their op's bounds when computed on ``backend``
-        from the reference's values of their sources, in graph order (:mod:`..conformance.model_nodes`)."""
-        return sweep(self._model(backend, cache), self.prompt_ids()[index], self.reference)
+        """The nodes of the model's graphs whose results leave their op's bounds when computed on ``backend``
+        from the reference's values of their sources, in graph order: a batched pass of the prompt, then its
+        last token's decode step (:mod:`..conformance.model_nodes`)."""
+        m, ids = self._model(backend, cache), self.prompt_ids()[index]
+        return sweep(m, ids, self.reference) + sweep(m, ids, self.reference, decode=True)
 
     def close(self) -> None:
         self._models.clear()
