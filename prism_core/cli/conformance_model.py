@@ -27,8 +27,8 @@ def cmd_model_conformance(args: argparse.Namespace) -> int:
     caches = [c.strip() for a in args.cache_type or [] for c in a.split(",") if c.strip()]
     ref_dir = args.reference_cache
     s = certify.setup(args.model, prompts=args.prompts or mc.DEFAULT_PROMPTS, tokens=args.tokens or mc.DEFAULT_TOKENS,
-                 cache_types=caches or mc.CACHE_TYPES,
-                 reference_dir=None if ref_dir == "none" else (ref_dir or default_dir()))
+                      cache_types=caches or mc.CACHE_TYPES,
+                      reference_dir=None if ref_dir == "none" else (ref_dir or default_dir()))
     reference = REGISTRY.reference()
     if not args.backend or "all" in args.backend:
         infos = backends()
@@ -40,6 +40,9 @@ def cmd_model_conformance(args: argparse.Namespace) -> int:
               "certify it against itself)")
     else:
         names = list(dict.fromkeys(backend(n).name for n in args.backend))
+    if not names:
+        raise InvalidArgument(f"no backend to certify besides the reference (--backend {reference.name} certifies "
+                              "it against itself)")
     model = os.path.basename(s.path)
     print(f"certifying {', '.join(names)} on {model}: {len(s.prompts)} prompts x {len(s.cache_types)} cache types "
           f"({', '.join(s.cache_types)}), {s.tokens} greedy tokens each; reference: {reference.name} (activation "
@@ -66,7 +69,7 @@ def _run(args: argparse.Namespace, s, names: list[str], reference, model: str) -
         progress.report("model conformance", done, total, unit="prompts", detail=f"{p.backend} {p.cache}")
         if not args.quiet:
             from tqdm import tqdm
-            tqdm.write(prompt_row(p, s.prompts[p.prompt]), file=sys.stdout)
+            tqdm.write(prompt_row(p), file=sys.stdout)
             sys.stdout.flush()
     interrupted = False
     try:

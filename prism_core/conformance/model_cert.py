@@ -17,9 +17,9 @@ and attentions), errors adding in quadrature along the residual stream: the logi
 error (sqrt of the NMSE against the reference's) stays within ``K u sqrt(n)``, any single logit within
 ``TAIL`` times that (relative to its row's rms), the batch gap within twice each (both computations are
 within the bound of the exact one), and a greedy token may differ from the reference's only where the
-reference's two logits are within twice the single-logit bound. When a check fails, the model's graph is
-run node by node against the reference (:mod:`.model_nodes`) and the first node out of its op's
-bounds is named.
+reference's two logits are within twice the single-logit bound. Then the model's graph is run node by node
+against the reference (:mod:`.model_nodes`, on the first failing prompt or else the first one): a node
+out of its op's bounds fails the certification and the first one is named.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InvalidArgument
 from ..plugin.base import Backend
 
-# Short on purpose (the reference computes a 270M model at about one token a second in a batch), and
+# Short on purpose (the reference computes a 270M model at about half a token a second in a batch), and
 # varied: prose, a question, code, numbers, another language, a list, dialogue, a rare-word sentence.
 PROMPTS = (
     "The capital of France is",
@@ -55,7 +55,7 @@ DEFAULT_TOKENS = 4
 # accumulation over up to 4096 terms, sqrt(4096) = 64 roundings in rms; f16/bf16: the activation's rounding.
 PRECISION_UNIT = {"f64": 64 * 2.0**-53, "f32": 64 * 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8,
                   "q8": 1 / 254 + 2.0**-11}
-K = 2.0  # slack over the quadrature estimate (measured on Gemma 3 270M: 0.8-0.9 of it with q8, docs/conformance.md)
+K = 2.0  # slack over the quadrature estimate u sqrt(n) (Gemma 3 270M, q8 backends: 0.5-1.4 of it; docs/conformance.md)
 TAIL = 6.0  # one logit's error over the rms error (the largest of ~10^6 near-Gaussian errors is about 5 of it)
 PRODUCT_OPS = frozenset({"MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "FLASH_ATTN_EXT"})
 

@@ -47,7 +47,7 @@ def _sweep_cell(r: BackendResult) -> str:
     return "FAIL " + ", ".join(f"{op} x{n}" for op, n in r.sweep_ops.items())
 
 
-def prompt_row(p: PromptResult, prompt_text: str) -> str:
+def prompt_row(p: PromptResult) -> str:
     """The line streamed when a prompt's checks are done."""
     label = f"{p.cache:<5} prompt {p.prompt + 1} ({p.n_tokens} tokens)"
     if p.error:

@@ -34,7 +34,7 @@ def test_gradients(prism_backend, prism_grad_case, prism_runner) -> None:
 def test_model(prism_backend, prism_model_case, prism_model_runner, request) -> None:
     from prism_core.conformance.model_report import prompt_row
     r, where = prism_model_runner.check(prism_backend, prism_model_case)
-    request.node.user_properties.append(("prism_model", prompt_row(r, "")))
+    request.node.user_properties.append(("prism_model", prompt_row(r)))
     failed = r.error or "; ".join(f"{c.kind}: {c.message}" for c in r.checks if not c.passed)
     assert r.passed, failed + (f"; first node out of its op's bounds: {where}" if where else "")
 
