@@ -238,7 +238,8 @@ def test_an_op_wrong_within_the_model_bounds_is_caught_by_the_sweep(tiny, regist
     assert "teacher-forced logits (f16)  ok 1/1" in out  # the model-level checks pass
     (v,) = _verdicts(out)
     assert "first node out of bound: GEGLU node #" in v, v
-    assert next(line for line in out.splitlines() if line.startswith("node sweep")).split()[-2:] == ["GEGLU", "x4"]  # 2 layers, batched and decode
+    sweep_row = next(line for line in out.splitlines() if line.startswith("node sweep"))
+    assert sweep_row.split()[-2:] == ["GEGLU", "x4"]  # 2 layers, in the batched pass and the decode step
     rc, out = _run(capsys, *args, "--no-sweep")
     assert rc == 0 and next(line for line in out.splitlines() if line.startswith("node sweep")).endswith("not run")
 
