@@ -58,6 +58,7 @@ def _setup() -> tuple[bool, str]:
 class GgmlBackend(prism_core.Backend):
     name = "ggml"
     priority = 5  # never the default: a peer to certify against and to compare with
+    activation_precision = "q8"
     block_types = prism_core.ops.table.QUANTIZED
 
     @property

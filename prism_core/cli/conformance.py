@@ -47,6 +47,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--case", action="append", metavar="ID",
                    help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
                         "in this process, printing its inputs, the expected and the actual output")
+    m = c.add_argument_group("model certification (--model)")
+    m.add_argument("--model", metavar="MODEL",
+                   help="certify the backends on this model (a GGUF path or a catalog name such as "
+                        "gemma3-270m) against the reference: teacher-forced logits, decode vs batch, greedy "
+                        "tokens, for each KV cache type; instead of the op suite")
+    m.add_argument("--prompts", type=int_at_least(1), default=None, metavar="N",
+                   help="the first N built-in prompts (default 3, at most 8)")
+    m.add_argument("--tokens", type=int_at_least(1), default=None, metavar="N",
+                   help="greedy tokens generated per prompt (default 4)")
+    m.add_argument("--cache-type", action="append", metavar="TYPE[,TYPE...]",
+                   help="KV cache types to certify (f16, f32, q8_0; default all three)")
+    m.add_argument("--reference-cache", metavar="DIR",
+                   help="where the reference's logits are kept between runs (default: $PRISM_CACHE_DIR or "
+                        "~/.cache/prism, reference-logits/; 'none': not kept)")
+    m.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the node-by-node sweep when every check passed (it runs on the first prompt "
+                        "otherwise, and always on a failure)")
     c.set_defaults(func=cmd_conformance)
 
 
@@ -58,6 +75,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from ..plugin.registry import REGISTRY, backend, backends
     if args.case:
         return _replay(args)
+    if args.model is not None:
+        from .conformance_model import cmd_model_conformance
+        return cmd_model_conformance(args)
+    model_only = [f for f, v in (("--prompts", args.prompts), ("--tokens", args.tokens),
+                                 ("--cache-type", args.cache_type), ("--reference-cache", args.reference_cache),
+                                 ("--no-sweep", not args.sweep)) if v]
+    if model_only:
+        raise InvalidArgument(f"{', '.join(model_only)} certify a model: give --model MODEL with them")
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     require = [opdef(o.strip()).key for r in args.require or [] for o in r.split(",") if o.strip()]
     if args.mode == "grad":

@@ -200,6 +200,11 @@ class Model:
         self._graphs.move_to_end(key)
         return g
 
+    def plans(self) -> list[Plan]:
+        """The planned graphs the model keeps now (at least the decode graph), least recently used first:
+        which backend computes each node and what fell back to the reference (``Plan.fallbacks``)."""
+        return [g.plan for g in self._graphs.values()]
+
     def tap(self, tap: Any) -> None:
         """Read intermediate tensors of the model's own graphs: ``tap.select(graph)`` is called on every graph
         built from now on (before it is planned; it flags what it wants as outputs and returns them), and

@@ -34,6 +34,11 @@ class Backend:
     # refuses a node with any other block type among its sources or result, so a backend written
     # before the op table accepted block types never claims them by accident.
     block_types: ClassVar[frozenset[GGMLType]] = frozenset()
+    # How the activations (float inputs) of this backend's products are rounded, which sets the
+    # model-level certification's bounds (prism_core.conformance.model_cert): "f64" (exact, the
+    # reference), "f32" (float32 products), "f16" or "bf16" (activations rounded to that type), or "q8"
+    # (quantized to the weight's vec_dot type, Q8_0/Q8_1/Q8_K, as ggml's CPU backend does).
+    activation_precision: ClassVar[str] = "f32"
 
     def availability(self) -> tuple[bool, str]:
         """(usable here, reason when not)."""
