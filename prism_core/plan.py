@@ -225,7 +225,7 @@ class Plan:
             n._storage = None
         if self.workspace is not None:
             self.workspace._detach(self)
-        self.arena, self.calls, self.bindings, self.offsets = None, [], [], []
+        self.arena, self.calls, self.bindings, self.offsets, self.runs = None, [], [], [], []
 
     def _bind_arena(self, buffer: np.ndarray, *, prepare: bool) -> None:
         self.arena = buffer[:max(self.arena_bytes, 1)]
