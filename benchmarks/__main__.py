@@ -64,10 +64,12 @@ def best_wall_and_cpu(fn, repeats: int, min_time: float = 0.05) -> tuple[float, 
 
 
 class Bench:
-    def __init__(self, quick: bool) -> None:
+    def __init__(self, quick: bool, only_backends: list[str] | None = None, threads: int | None = None) -> None:
         self.quick = quick
+        self.threads = threads  # the model section's thread count (None: its default)
         self.repeats = 2 if quick else 5
-        self.backends = [b.backend for b in pc.backends() if b.available]
+        self.backends = [b.backend for b in pc.backends() if b.available
+                         and (only_backends is None or b.name in only_backends)]
         self.results: dict[str, dict[str, float]] = {}
 
     def record(self, section: str, name: str, value: float) -> None:
@@ -261,10 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     ap.add_argument("--only", action="append", choices=list(SECTIONS), help="run only these sections")
+    ap.add_argument("--backends", metavar="NAMES", type=lambda v: [x for x in v.split(",") if x],
+                    help="comma-separated Prism backends to measure (default: every available one)")
+    ap.add_argument("--threads", type=int, metavar="N", help="threads of every engine in the model section (default 2)")
     ap.add_argument("--json", metavar="OUT", help="save the results as JSON")
     ap.add_argument("--compare", metavar="PREV", help="print ratios against a previous --json file")
     args = ap.parse_args(argv)
-    bench = Bench(args.quick)
+    if args.backends is not None:
+        known = {b.name: b for b in pc.backends()}
+        bad = [n for n in args.backends if n not in known or not known[n].available]
+        if bad or not args.backends:
+            ap.error(f"--backends: {', '.join(bad) or 'no name'} not among the available backends "
+                     f"({', '.join(n for n, b in known.items() if b.available)})")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be at least 1, got {args.threads}")
+    bench = Bench(args.quick, args.backends, args.threads)
     print(f"Prism {pc.__version__} benchmarks; backends: {', '.join(b.name for b in bench.backends)}; "
           f"peers: NumPy {np.__version__}" + (f", PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
                                               if torch is not None else " (PyTorch not installed)"))
