@@ -335,31 +335,53 @@ def test_env_var_naming_an_unavailable_backend(plugins, monkeypatch):
 
 
 def test_default_is_the_highest_priority_available_backend(plugins):
-    unavailable = '''
-        def availability(self):
-            return False, "no device"
-        '''
-    plugins.add("prism_test_prio_low", backend_source("low", 1))
-    plugins.add("prism_test_prio_high", backend_source("high", 20))
-    plugins.add("prism_test_prio_top", backend_source("top", 30, extra=unavailable))
-    assert [i.name for i in pc.backends()] == ["top", "high", "numpy", "low"]
-    assert pc.backend().name == "high"  # "top" ranks first but is unavailable
-    assert pc.REGISTRY.reference().name == "numpy"  # the reference is found by flag, not by rank
+    low, high = (_inproc_module(f"prism_test_prio_{n}", n, p) for n, p in (("low", 1), ("high", 20)))
+    top = _inproc_module("prism_test_prio_top", "top", 30, unavailable="no device")
+    for m in (low, high, top):
+        pc.REGISTRY.register(m)
+    try:
+        assert [i.name for i in pc.backends()] == ["top", "high", "numpy", "low"]
+        assert pc.backend().name == "high"  # "top" ranks first but is unavailable
+        assert pc.REGISTRY.reference().name == "numpy"  # the reference is found by flag, not by rank
+    finally:
+        for m in (low, high, top):
+            pc.REGISTRY.unregister(m.__name__)
+
+
+def test_an_installed_third_party_backend_is_the_default_only_when_named(plugins, monkeypatch):
+    plugins.add("prism_test_prio_installed", backend_source("installed", 90))
+    assert [i.name for i in pc.backends()][:2] == ["installed", "numpy"]  # ranked first when listed
+    assert plugins.info("installed").available and plugins.info("installed").installed
+    assert pc.backend().name == "numpy"  # but the default is chosen among the built-ins (and in-process plugins)
+    assert [i.name for i in pc.REGISTRY.candidates()] == ["numpy"]
+    monkeypatch.setenv("PRISM_BACKEND", "installed")
+    assert pc.backend().name == "installed"  # named, it is used
+    monkeypatch.delenv("PRISM_BACKEND")
+    with pc.using_backend("installed"):
+        assert pc.backend().name == "installed"
 
 
 def test_equal_priorities_break_ties_by_name(plugins):
     plugins.add("prism_test_tie_b", backend_source("beta", 40))
     plugins.add("prism_test_tie_a", backend_source("alpha", 40))
     assert [i.name for i in pc.backends()][:2] == ["alpha", "beta"]
-    assert pc.backend().name == "alpha"
+    mods = [_inproc_module(f"prism_test_tie_{n}", n, 40) for n in ("delta", "gamma")]
+    for m in mods:
+        pc.REGISTRY.register(m)
+    try:
+        assert pc.backend().name == "delta"
+    finally:
+        for m in mods:
+            pc.REGISTRY.unregister(m.__name__)
 
 
 # ---------------------------------------------------------------- in-process registration
-def _inproc_module(name: str, backend_name: str, priority: int = 15) -> types.ModuleType:
+def _inproc_module(name: str, backend_name: str, priority: int = 15, unavailable: str = "") -> types.ModuleType:
     mod = types.ModuleType(name)
 
     class InProc(pc.Backend):
-        pass
+        def availability(self):
+            return not unavailable, unavailable
 
     InProc.name = backend_name
     InProc.priority = priority
@@ -573,9 +595,9 @@ def test_selecting_one_backend_asks_only_that_one_and_caches(plugins):
     assert pc.backend("lazy_low").name == "lazy_low"
     assert pc.backend("lazy_low").name == "lazy_low"
     assert asked == ["lazy_low"]  # once, then cached
-    assert pc.backend().name == "lazy_high"  # the default asks best first and stops at the first available
-    assert asked == ["lazy_low", "lazy_high"]
-    pc.backends()  # listing everything asks the rest (here: no one is left), each once
+    assert pc.backend().name == "numpy"  # the default asks no installed third party's backend
+    assert asked == ["lazy_low"]
+    pc.backends()  # listing everything asks the rest, each once
     assert asked == ["lazy_low", "lazy_high"]
     pc.REGISTRY.reset()  # a reset forgets the cache
     plugins.info("lazy_low")
