@@ -602,3 +602,71 @@ def test_selecting_one_backend_asks_only_that_one_and_caches(plugins):
     pc.REGISTRY.reset()  # a reset forgets the cache
     plugins.info("lazy_low")
     assert asked[-1] == "lazy_low"
+
+
+# ---------------------------------------------------------------- third-party plugins are kept at arm's length
+def _own_entry_points() -> set[str]:
+    """The prism.backends entry points this distribution declares, read from its pyproject.toml."""
+    import tomllib
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    return set(project["entry-points"][pc.plugin.registry.ENTRY_POINT_GROUP])
+
+
+def test_the_built_ins_are_this_distributions_entry_points_ggml_included():
+    from prism_core.plugin.registry import ENTRY_POINT_GROUP, entry_points, is_built_in
+    own = _own_entry_points()
+    assert "ggml" in own  # prism_ggml lives in backends/ and is ours, registered like a third party's
+    assert {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if is_built_in(ep)} == own
+
+
+@pytest.mark.parametrize("dist", ["numpy-impostor", "prism-tensor"])
+def test_selecting_a_built_in_imports_no_third_party_plugin(plugins, dist):
+    plugins.add("prism_test_untouched", IMPOSTOR.format(name="numpy", ref=True), entry="numpy", dist=dist)
+    plugins.add("prism_test_untouched2", ADDONLY, entry="addonly")
+    (ep,) = [ep for ep in pc.plugin.registry.entry_points(group="prism.backends") if ep.value == "prism_test_untouched"]
+    assert not pc.plugin.registry.is_built_in(ep)  # a distribution taking our name is still a third party
+    assert pc.backend("numpy").name == "numpy" and pc.REGISTRY.reference().name == "numpy"
+    assert pc.backend().name == "numpy"  # the default too
+    assert "prism_test_untouched" not in sys.modules and "prism_test_untouched2" not in sys.modules
+    assert pc.backend("addonly").name == "addonly"  # naming a third party's backend loads the plugins
+    assert "prism_test_untouched2" in sys.modules
+
+
+def test_system_exit_from_a_hook_or_availability_is_the_plugins_fault(plugins):
+    plugins.add("prism_test_hook_exits", backend_source("never2", returns="exit(3)"))
+    plugins.add("prism_test_avail_exits", backend_source("exits_on_ask", extra='''
+        def availability(self):
+            raise SystemExit(4)
+        '''))
+    (broken,) = plugins.broken("prism_test_hook_exits")
+    assert broken.reason == "prism_register_backends raised SystemExit: 3"
+    info = plugins.info("exits_on_ask")
+    assert (info.available, info.reason) == (False, "availability check raised SystemExit: 4")
+    with pytest.raises(BackendUnavailable, match="availability check raised SystemExit: 4"):
+        pc.backend("exits_on_ask")
+
+
+@pytest.mark.parametrize("raised, caught", [("SystemExit(3)", True), ("GeneratorExit()", True),
+                                            ("KeyboardInterrupt()", False)])
+def test_an_import_raising_any_base_exception_but_ctrl_c_is_a_broken_plugin(plugins, monkeypatch, raised, caught):
+    # in-process (as in a probe process, where the import runs in-process): no probe in between
+    monkeypatch.setattr(pc.REGISTRY, "sandboxed", True)
+    plugins.add("prism_test_raises_base", f"raise {raised}\n", entry="base")
+    if not caught:
+        with pytest.raises(KeyboardInterrupt):
+            pc.backends()
+        return
+    (broken,) = plugins.broken("prism_test_raises_base")
+    assert broken.reason == f"import failed: {raised.split('(')[0]}: {'3' if 'SystemExit' in raised else ''}"
+    assert pc.backend().name == "numpy"
+
+
+def test_an_import_raising_system_exit_is_reported_by_the_probe(plugins):
+    where = plugins.root / "imported_by"
+    plugins.add("prism_test_probe_exits", f"import os\nopen({str(where)!r}, 'a').write(f'{{os.getpid()}} ')\n"
+                                          "raise SystemExit(3)\n", entry="probed")
+    (broken,) = plugins.broken("prism_test_probe_exits")
+    assert broken.reason == "import failed: SystemExit: 3"
+    pids = [int(p) for p in where.read_text().split()]
+    assert len(pids) == 1 and pids[0] != os.getpid()  # found out in the probe process, never tried here

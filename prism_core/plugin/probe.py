@@ -123,7 +123,7 @@ def serve(parent: int) -> None:
     from .registry import REGISTRY, Registry, _Entry, _label, load_plugin
     REGISTRY.sandboxed = True  # a hook that looks backends up must not start a probe of its own
     asked = {tuple(s) for s in asked}
-    faulthandler.dump_traceback_later(max(timeout - 1.0, timeout / 2), repeat=True)  # where a hang is
+    faulthandler.dump_traceback_later(timeout / 2, repeat=True)  # where a hang is: dumped well before the kill
     for k in range(start, len(specs)):
         ep = metadata.EntryPoint(*specs[k])
         send(chan, ("import", k))
