@@ -37,6 +37,7 @@ import importlib.util
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -229,6 +230,7 @@ class Registry:
     sandboxed: bool = False
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()  # one discovery at a time (a probe takes a while); hooks may re-enter
         self._extra: list[tuple[str, Any]] = []
         self._probed: dict[tuple, list[Any]] = {}  # per set of third-party entry points; kept across reset
         self.reset()
@@ -270,6 +272,10 @@ class Registry:
     def _load(self, third_party: bool = True) -> None:
         """Stage 1: the built-in backends and the in-process plugins; stage 2 (``third_party``):
         the third-party plugins too, each imported only once its probe passed."""
+        with self._lock:
+            self._load_stages(third_party)
+
+    def _load_stages(self, third_party: bool) -> None:
         if self._stage == 0:
             self.reset()
             self._stage = 1
