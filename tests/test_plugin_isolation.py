@@ -1,6 +1,6 @@
 """Plugins that die at import cannot take Prism down.
 
-Five third-party distributions are installed into a folder on ``PYTHONPATH`` (as pip would
+Six third-party distributions are installed into a folder on ``PYTHONPATH`` (as pip would
 install them) beside the built-in backends:
 
 * ``segv``: kills its process with SIGSEGV at import;
@@ -8,6 +8,7 @@ install them) beside the built-in backends:
   a slow import by the limit alone: the healthy plugins here import in milliseconds, and the
   limit is 20 s);
 * ``exits``: raises ``SystemExit(3)`` at import;
+* ``hookcrash``: imports cleanly, but its hook kills its process with SIGSEGV;
 * ``badavail``: imports cleanly, but its backend's ``availability()`` reads address 0;
 * ``goodplug``: a healthy backend computing ADD on F32.
 
@@ -76,11 +77,20 @@ PLUGINS = {  # module -> source
     "prism_test_segv": LOG + "import signal\nos.kill(os.getpid(), signal.SIGSEGV)\n",
     "prism_test_hang": LOG + "import time\ntime.sleep(600)\n",
     "prism_test_exits": LOG + "raise SystemExit(3)\n",
+    "prism_test_hookcrash": LOG + textwrap.dedent('''
+        import signal
+        import prism_core as pc
+
+
+        @pc.hookimpl
+        def prism_register_backends():
+            os.kill(os.getpid(), signal.SIGSEGV)
+        '''),
     "prism_test_badavail": LOG + BACKEND.format(name="badavail",
                                                 extra=textwrap.indent(textwrap.dedent(SEGV_AVAILABILITY), "    ")),
     "prism_test_good": LOG + BACKEND.format(name="goodplug", extra=""),
 }
-FAULTY = ("prism_test_segv", "prism_test_hang", "prism_test_exits")
+FAULTY = ("prism_test_segv", "prism_test_hang", "prism_test_exits", "prism_test_hookcrash")
 BUILT_IN = ("numpy", "numba", "csimd", "ggml")  # prism-tensor's own entry points (pyproject.toml)
 
 
@@ -131,8 +141,8 @@ def installed_built_ins() -> list[str]:
 
 
 def assert_faults_reported(out: str) -> None:
-    """The three plugins that die at import are listed as broken, each with what happened."""
-    broken = out.split("broken plugins (3), skipped:\n", 1)[1].splitlines()[:3]
+    """The four plugins that die at import or in their hook are listed as broken, each with what happened."""
+    broken = out.split("broken plugins (4), skipped:\n", 1)[1].splitlines()[:4]
     by = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in broken}
     assert by["segv (prism_test_segv)"].startswith(
         "CRASHED while importing it: the probe process was killed by SIGSEGV at "), by
@@ -141,6 +151,9 @@ def assert_faults_reported(out: str) -> None:
         f"TIMEOUT while importing it: did not finish within {TIMEOUT} s; it hung at "), by
     assert "prism_test_hang.py" in by["hang (prism_test_hang)"]
     assert by["exits (prism_test_exits)"] == "import failed: SystemExit: 3", by
+    assert by["hookcrash (prism_test_hookcrash)"].startswith(
+        "CRASHED in prism_register_backends: the probe process was killed by SIGSEGV at "), by
+    assert "prism_test_hookcrash.py" in by["hookcrash (prism_test_hookcrash)"]
 
 
 def assert_probed_once_and_imported_only_healthy(env, pid: int) -> None:
@@ -261,3 +274,22 @@ def test_conformance_on_a_third_party_backend_reports_the_faults(env):
     # one probe, in this process: the worker of goodplug adopted it instead of probing again
     for module in FAULTY:
         assert [m for m, _ in imports(env)].count(module) == 1, imports(env)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="checks through /proc that the probe is gone")
+def test_ctrl_c_while_a_probe_hangs_ends_the_command_and_the_probe(env):
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "prism_core.cli", "info"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**env, "PRISM_PLUGIN_TIMEOUT": "3600"})
+    hung = []
+    for _ in range(3000):  # until the hanging plugin has started its import, in the probe process
+        hung = [pid for m, pid in imports(env) if m == "prism_test_hang"]
+        if hung or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert hung and p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 130 and "prism: interrupted" in err and "Traceback" not in err, out + err
+    assert not Path(f"/proc/{hung[0]}").exists()  # the probe process was killed and reaped, not left behind

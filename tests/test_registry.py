@@ -670,3 +670,39 @@ def test_an_import_raising_system_exit_is_reported_by_the_probe(plugins):
     assert broken.reason == "import failed: SystemExit: 3"
     pids = [int(p) for p in where.read_text().split()]
     assert len(pids) == 1 and pids[0] != os.getpid()  # found out in the probe process, never tried here
+
+
+TWO_BACKENDS = '''
+import time
+import prism_core as pc
+
+
+class Hangs(pc.Backend):
+    name = "asks_forever"
+
+    def availability(self):
+        time.sleep(600)  # far past the probe's limit: a hang, whatever the machine's speed
+        return True, ""
+
+
+class Fine(pc.Backend):
+    name = "asks_fine"
+
+
+@pc.hookimpl
+def prism_register_backends():
+    return [Hangs(), Fine()]
+'''
+
+
+def test_an_availability_that_hangs_in_the_probe_leaves_the_plugins_other_backends(plugins, monkeypatch):
+    monkeypatch.setenv("PRISM_PLUGIN_TIMEOUT", "10")  # generous for a healthy step, which takes milliseconds
+    plugins.add("prism_test_two_backends", TWO_BACKENDS)
+    hung = plugins.info("asks_forever")  # never asked here: this would not return for 600 s
+    assert not hung.available
+    assert hung.reason.startswith("availability() TIMEOUT: did not finish within 10 s; it hung at ")
+    assert "prism_test_two_backends.py" in hung.reason
+    assert plugins.info("asks_fine").available and pc.backend("asks_fine").name == "asks_fine"
+    with pytest.raises(BackendUnavailable, match=r"^backend 'asks_forever' is unavailable: availability\(\) TIMEOUT"):
+        pc.backend("asks_forever")
+    assert plugins.broken("prism_test_two_backends") == []  # unavailable, not broken

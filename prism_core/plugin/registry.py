@@ -232,7 +232,7 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.RLock()  # one discovery at a time (a probe takes a while); hooks may re-enter
         self._extra: list[tuple[str, Any]] = []
-        self._probed: dict[tuple, list[Any]] = {}  # per set of third-party entry points; kept across reset
+        self._probed: dict[tuple, list[Any]] = {}  # per set of installed third-party plugins; kept across reset
         self.reset()
 
     def reset(self) -> None:
@@ -292,7 +292,11 @@ class Registry:
             self._settle()
         if third_party and self._stage == 1:
             self._stage = 2
-            probes = self._probe(self._third_party)
+            try:
+                probes = self._probe(self._third_party)
+            except BaseException:  # Ctrl-C while probing: the next query probes again
+                self._stage = 1
+                raise
             unavailable = {}  # plugin -> {backend: why}: its availability() crashed or hung in the probe
             for ep, found in zip(self._third_party, probes or [None] * len(self._third_party)):
                 if found is not None and found.reason:
@@ -315,9 +319,10 @@ class Registry:
             return []
         from .probe import probe, probe_timeout
         specs = tuple((ep.name, ep.value, ep.group) for ep in eps)
-        if specs not in self._probed:
-            self._probed[specs] = probe(specs, probe_timeout())
-        return self._probed[specs]
+        key = specs + tuple(_installed_where(ep) for ep in eps)  # another install of a plugin is probed again
+        if key not in self._probed:
+            self._probed[key] = probe(specs, probe_timeout())
+        return self._probed[key]
 
     def _settle(self, unavailable: dict[str, dict[str, str]] | None = None) -> None:
         """Give each name to one claim; an entry already made for the same backend object keeps its
@@ -437,6 +442,12 @@ class Registry:
 
 def _label(ep: metadata.EntryPoint) -> str:
     return f"{ep.name} ({ep.value})"
+
+
+def _installed_where(ep: metadata.EntryPoint) -> tuple[str, str]:
+    """The folder and version of the distribution declaring ``ep``."""
+    dist = getattr(ep, "dist", None)
+    return (str(dist.locate_file("")), str(dist.version)) if dist is not None else ("", "")
 
 
 def _settle(claims: list[_Claim]) -> tuple[dict[str, _Entry], _Entry | None, list[BrokenPlugin]]:
