@@ -72,10 +72,14 @@ def probe(specs: Sequence[EntryPointSpec], timeout: float) -> list[PluginProbe]:
             state.asked.add((k, step[2]))
             state.start = k  # import it again and ask its other backends
         else:
-            what = "while importing it" if step[0] == "import" else "in prism_register_backends"
-            state.reasons[k] = f"{status} {what}: {detail}"
+            state.reasons[k] = f"{status} {_DURING[step[0]]}: {detail}"
             state.start = k + 1
     return [PluginProbe(state.reasons.get(k, ""), state.unavailable[k]) for k in range(len(specs))]
+
+
+# what the plugin was doing when the probe died or hung, per step
+_DURING = {"import": "while importing it", "hook": "in prism_register_backends",
+           "loaded": "while loaded, between its calls (a thread of its own?)"}
 
 
 class _State:
@@ -108,6 +112,7 @@ def _run(child: Child, specs: list[EntryPointSpec], state: _State, timeout: floa
             state.reasons[msg[1]] = msg[2]
         elif msg[0] == "answered":
             state.asked.add((msg[1], msg[2]))
+            step = ("loaded", msg[1])
         else:
             step, limit = tuple(msg), timeout
 
