@@ -250,6 +250,10 @@ NAMED = textwrap.dedent('''
         pc.backend("badavail")
     except pc.BackendUnavailable as e:
         print("refused:", e)
+    try:
+        pc.backend("segv")  # the broken plugin's name: unknown, and the message says which plugins broke
+    except pc.UnknownBackend as e:
+        print("unknown:", e)
     print("default:", pc.backend().name)
     ''')
 
@@ -257,8 +261,12 @@ NAMED = textwrap.dedent('''
 def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed(env):
     r, pid = python(env, NAMED)
     assert r.returncode == 0, r.stdout + r.stderr
-    used, refused, default = r.stdout.splitlines()
+    used, refused, unknown, default = r.stdout.splitlines()
     assert used == "goodplug [2.0, 4.0, 6.0]"
+    assert unknown.startswith("unknown: no backend named 'segv'; registered: ")
+    assert ("; broken plugin segv (prism_test_segv): CRASHED while importing it: the probe process was killed by "
+            "SIGSEGV at ") in unknown
+    assert "; broken plugin exits (prism_test_exits): import failed: SystemExit: 3" in unknown
     assert refused.startswith("refused: backend 'badavail' is unavailable: availability() CRASHED: the probe "
                               "process was killed by SIGSEGV at ")
     assert default == f"default: {pc.backend().name}"

@@ -21,9 +21,10 @@ backend (numba's compiled kernels come from its on-disk cache after the first ru
 process per case. ``jobs`` workers run at once; each backend's cases are cut into batches
 at op boundaries so that several workers share one backend.
 
-The worker sees what this process sees: the same ``sys.path`` and environment, and every
+The worker sees what this process sees: the same ``sys.path`` and environment, every
 in-process plugin that it can load again (a module importable by name, or a picklable
-object). Backends of a plugin it cannot load (a module object built in memory) are run
+object), and this process's probes of third-party plugins (so it imports only those that
+passed, without probing them again). Backends of a plugin it cannot load (a module object built in memory) are run
 in this process by the caller (see :func:`in_process_only`).
 """
 

@@ -236,7 +236,8 @@ class Registry:
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything found so far; the next query rediscovers entry points."""
+        """Forget everything found so far; the next query rediscovers entry points (the probes of
+        third-party plugins are kept: the same plugins, installed in the same place, are not probed again)."""
         self._stage = 0  # 1: built-ins and in-process plugins loaded; 2: third-party plugins too
         self._backends: dict[str, _Entry] = {}
         self._reference: _Entry | None = None
@@ -399,7 +400,9 @@ class Registry:
             self._load()
             entry = self._backends.get(name)
         if entry is None:
-            raise UnknownBackend(f"no backend named {name!r}; registered: {', '.join(self.names()) or 'none'}")
+            skipped = "".join(f"; broken plugin {b.plugin}: {b.reason}" for b in self.broken)
+            raise UnknownBackend(f"no backend named {name!r}; registered: {', '.join(self.names()) or 'none'}"
+                                 + skipped)
         return entry.info()
 
     def candidates(self) -> Iterator[BackendInfo]:
