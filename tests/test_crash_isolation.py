@@ -24,7 +24,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import reads_block_types, write_plugin
+from helpers import default_sigint, reads_block_types, write_plugin
 
 import prism_core as pc
 from prism_core.conformance import cases_for
@@ -242,7 +242,7 @@ def test_ctrl_c_prints_and_reports_what_finished_and_stops_the_workers(installed
     report = tmp_path / "report.json"
     p = subprocess.Popen([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "gilhang", "--op", "ADD",
                           "--op", "MUL", "--timeout", "300", "--report", "json", str(report)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     workers: list[int] = []
     for _ in range(600):  # the worker is up (and soon stuck in its first ADD case)
         workers = _workers(p.pid)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from finetune_models import write_tiny
-from helpers import write_plugin
+from helpers import default_sigint, write_plugin
 
 import prism_core as pc
 from prism_core.conformance import cases_for
@@ -289,7 +289,8 @@ def test_ctrl_c_while_a_probe_hangs_ends_the_command_and_the_probe(env):
     import signal
     import time
     p = subprocess.Popen([sys.executable, "-m", "prism_core.cli", "info"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**env, "PRISM_PLUGIN_TIMEOUT": "3600"})
+                         stderr=subprocess.PIPE, text=True, env={**env, "PRISM_PLUGIN_TIMEOUT": "3600"},
+                         preexec_fn=default_sigint)
     hung = []
     for _ in range(3000):  # until the hanging plugin has started its import, in the probe process
         hung = [pid for m, pid in imports(env) if m == "prism_test_hang"]
