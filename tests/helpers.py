@@ -83,3 +83,10 @@ def write_plugin(root, module: str, source: str, *, entry: str | None = None, di
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{pc.plugin.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` giving a child Ctrl-C's default handling: a test of what Ctrl-C does must not
+    inherit SIGINT ignored (as a shell's background jobs have it), or Python never sees the signal."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

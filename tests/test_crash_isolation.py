@@ -24,7 +24,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import reads_block_types, write_plugin
+from helpers import default_sigint, reads_block_types, write_plugin
 
 import prism_core as pc
 from prism_core.conformance import cases_for
@@ -217,13 +217,17 @@ def test_pytest_plugin_hang_costs_one_timeout(installed, tmp_path):
     assert sections.count("TIMEOUT: not run: an earlier case of ADD") == n_plain - 1, r.stdout[-3000:]  # the rest
 
 
-def _children(pid: int) -> list[int]:
+def _workers(pid: int) -> list[int]:
+    """The conformance worker processes of ``pid`` (not its plugin probe, which comes first)."""
     out = []
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) != pid:
+                        continue
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if b"conformance.worker_main" in f.read():
                         out.append(int(d))
             except (OSError, IndexError, ValueError):
                 continue
@@ -238,10 +242,10 @@ def test_ctrl_c_prints_and_reports_what_finished_and_stops_the_workers(installed
     report = tmp_path / "report.json"
     p = subprocess.Popen([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "gilhang", "--op", "ADD",
                           "--op", "MUL", "--timeout", "300", "--report", "json", str(report)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
     workers: list[int] = []
     for _ in range(600):  # the worker is up (and soon stuck in its first ADD case)
-        workers = _children(p.pid)
+        workers = _workers(p.pid)
         if workers or p.poll() is not None:
             break
         time.sleep(0.1)

@@ -73,6 +73,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from ..conformance.workers import Suite, in_process_only, run_suite
     from ..ops.table import OPS, opdef
     from ..plugin.registry import REGISTRY, backend, backends
+    from .info import print_broken_plugins
     if args.case:
         return _replay(args)
     if args.model is not None:
@@ -97,6 +98,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 print(f"skipping {i.name}: unavailable ({i.reason})")
     else:
         names = list(dict.fromkeys(backend(n).name for n in args.backend))  # selecting asks only these
+    if not args.backend or "all" in args.backend or any(REGISTRY.info(n).installed for n in names):
+        # the third-party plugins were probed: say which ones failed
+        print_broken_plugins()
     if args.random is not None:
         from ..conformance.random_cases import RANDOM
         skipped = [k for k in ops if k not in RANDOM]

@@ -109,7 +109,8 @@ def can_quantize(type: GGMLType | int | str) -> bool:
 
 def row_quantizer():
     """The backend whose ``quantize_rows`` runs ggml's quantizers for this module, or None (NumPy):
-    ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them."""
+    ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them
+    among those the default is chosen from (:meth:`~prism_core.plugin.registry.Registry.candidates`)."""
     choice = os.environ.get(ENV_QUANT, "").strip()
     if choice.lower() in ("python", "numpy"):
         return None
@@ -117,8 +118,7 @@ def row_quantizer():
     from ..plugin.registry import REGISTRY
     if choice:
         return REGISTRY.get(choice)
-    for name in REGISTRY.names():
-        info = REGISTRY.info(name)
+    for info in REGISTRY.candidates():  # as the default is chosen: a third party's backend only when named
         if info.available and type(info.backend).quantize_rows is not Backend.quantize_rows:
             return info.backend
     return None
