@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 
 from .pretokenize import make_splitter
+from .token_table import Lookups
 from .vocab import Vocab
 
 
@@ -42,6 +43,8 @@ class BpeModel:
         self.token_to_id = vocab.token_to_id
         self._cache: dict[str, list[int]] = {}
         self._newline_runs_whole = vocab.pre == "gemma4"
+        self._lookup = Lookups(vocab.token_to_id)
+        self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
     def encode(self, text: str, out: list[int]) -> None:
         cache = self._cache
@@ -59,7 +62,7 @@ class BpeModel:
         v = self.vocab
         if (v.ignore_merges or (self._newline_runs_whole and not word.strip("\n"))) and word in ids:
             return [ids[word]]
-        return self._lookup(self._merge(word))
+        return self._ids(self._merge(word))
 
     def _merge(self, word: str) -> list[str]:
         n = len(word)
@@ -76,8 +79,10 @@ class BpeModel:
             if r is not None:
                 heap.append((r, i, i + 1, pieces[i] + pieces[i + 1]))
         heapq.heapify(heap)
+        ops = len(heap)
         while heap:
             _, left, right, cat = heapq.heappop(heap)
+            ops += 1
             lp, rp = pieces[left], pieces[right]
             if not lp or not rp or lp + rp != cat:
                 continue
@@ -92,17 +97,20 @@ class BpeModel:
                 r = ranks.get(pieces[pl] + " " + cat)
                 if r is not None:
                     heapq.heappush(heap, (r, pl, left, pieces[pl] + cat))
+                    ops += 1
             if nr >= 0:
                 r = ranks.get(cat + " " + pieces[nr])
                 if r is not None:
                     heapq.heappush(heap, (r, left, nr, cat + pieces[nr]))
+                    ops += 1
+        self.heap_ops += ops
         return [p for p in pieces if p]
 
-    def _lookup(self, pieces: list[str]) -> list[int]:
-        ids = self.token_to_id
+    def _ids(self, pieces: list[str]) -> list[int]:
+        lookup = self._lookup
         out = []
         for p in pieces:
-            tid = ids.get(p)
+            tid = lookup(p)
             if tid is not None:
                 out.append(tid)
                 continue
@@ -110,7 +118,7 @@ class BpeModel:
                 key = chr(b) if b < 0x80 else bytes([b]).decode("utf-8", errors="surrogateescape")
                 if not self.vocab.byte_encode:
                     key = f"<0x{b:02X}>"
-                tid = ids.get(key)
+                tid = lookup(key)
                 if tid is not None:
                     out.append(tid)
         return out

@@ -18,6 +18,7 @@ from array import array
 import numpy as np
 
 from ..errors import InvalidArgument
+from .token_table import Lookups
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -36,6 +37,12 @@ class SpmModel:
             self._cut = re.compile(f"(?={SPACE})")
         self._byte_ids = [self._byte_token(b) for b in range(256)]
         self._cache: dict[str, list[int]] = {}
+        self._lookup = Lookups(vocab.token_to_id)
+        # the queue's order: by score, highest first (equal float scores share a rank), as llama.cpp's
+        distinct = np.unique(vocab.scores.astype(np.float32))
+        self._rank = (len(distinct) - 1 - np.searchsorted(distinct, vocab.scores.astype(np.float32))).tolist()
+        self._span = vocab.tokens.max_nbytes + 1  # above any token's length in characters
+        self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
     def _byte_token(self, b: int) -> int | None:
         ids = self.token_to_id
@@ -57,52 +64,56 @@ class SpmModel:
             out.extend(ids)
 
     def _encode_chunk(self, text: str) -> list[int]:
-        ids, scores = self.token_to_id, self.scores
+        # One merge queue over the chunk, as llama.cpp's: candidate pairs ordered by score, then
+        # leftmost. Each merge queues at most two pairs, so a chunk of n characters costs at most 3n
+        # heap operations: O(n log n) however long the text runs without a cut. An entry is one int,
+        # (score rank, left, size) packed, which the heap compares far faster than a tuple; size (the
+        # pair's length) tells a stale entry: any merge touching either side changes it.
+        lookup, rank = self._lookup, self._rank
         n = len(text)
+        width, span = n, self._span
         pieces = list(text)
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
         prv = list(range(-1, n - 1))
-        heap: list[tuple[float, int, int, int]] = []
-
-        def push(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            cat = pieces[left] + pieces[right]
-            tid = ids.get(cat)
-            if tid is not None:
-                heap.append((-scores[tid], left, right, len(cat)))
-
+        heap = []
         for i in range(n - 1):
-            push(i, i + 1)
-        heapq.heapify(heap)
-
-        def push_heap(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            cat = pieces[left] + pieces[right]
-            tid = ids.get(cat)
+            tid = lookup(text[i:i + 2])
             if tid is not None:
-                heapq.heappush(heap, (-scores[tid], left, right, len(cat)))
-
+                heap.append((rank[tid] * width + i) * span + 2)
+        heapq.heapify(heap)
+        ops = len(heap)
+        push, pop = heapq.heappush, heapq.heappop
         while heap:
-            _, left, right, size = heapq.heappop(heap)
-            lp, rp = pieces[left], pieces[right]
-            if not lp or not rp or len(lp) + len(rp) != size:
-                continue
-            pieces[left] = lp + rp
+            key, size = divmod(pop(heap), span)
+            left = key % width
+            ops += 1
+            right = nxt[left]
+            lp = pieces[left]
+            if not lp or right < 0 or len(lp) + len(pieces[right]) != size:
+                continue  # stale: one side was merged since this pair was queued
+            cat = pieces[left] = lp + pieces[right]
             pieces[right] = ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            push_heap(prv[left], left)
-            push_heap(left, nxt[left])
+            after = nxt[left] = nxt[right]
+            if after >= 0:
+                prv[after] = left
+                tid = lookup(cat + pieces[after])
+                if tid is not None:
+                    push(heap, (rank[tid] * width + left) * span + size + len(pieces[after]))
+                    ops += 1
+            before = prv[left]
+            if before >= 0:
+                tid = lookup(pieces[before] + cat)
+                if tid is not None:
+                    push(heap, (rank[tid] * width + before) * span + size + len(pieces[before]))
+                    ops += 1
+        self.heap_ops += ops
 
         out: list[int] = []
         i = 0
         while i != -1:
             p = pieces[i]
-            tid = ids.get(p)
+            tid = lookup(p)
             if tid is not None:
                 out.append(tid)
             else:
