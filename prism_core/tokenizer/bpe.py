@@ -44,6 +44,8 @@ class BpeModel:
         self._cache: dict[str, list[int]] = {}
         self._newline_runs_whole = vocab.pre == "gemma4"
         self._lookup = Lookups(vocab.token_to_id)
+        # above any merged piece's length: merge "a b" joins pieces of len("a b") - 1 characters
+        self._span = max((len(m) for m in self.ranks), default=1) + 1
         self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
     def encode(self, text: str, out: list[int]) -> None:
@@ -65,10 +67,13 @@ class BpeModel:
         return self._ids(self._merge(word))
 
     def _merge(self, word: str) -> list[str]:
+        # As spm's queue: entries are ints packing (merge rank, left, size); size, the pair's length,
+        # tells a stale entry, since any merge touching either side changes it.
         n = len(word)
         if n < 2:
             return [word]
         ranks = self.ranks
+        width, span = n, self._span
         pieces = list(word)
         nxt = list(range(1, n + 1))
         nxt[-1] = -1
@@ -77,31 +82,32 @@ class BpeModel:
         for i in range(n - 1):
             r = ranks.get(pieces[i] + " " + pieces[i + 1])
             if r is not None:
-                heap.append((r, i, i + 1, pieces[i] + pieces[i + 1]))
+                heap.append((r * width + i) * span + 2)
         heapq.heapify(heap)
         ops = len(heap)
+        push, pop = heapq.heappush, heapq.heappop
         while heap:
-            _, left, right, cat = heapq.heappop(heap)
+            key, size = divmod(pop(heap), span)
+            left = key % width
             ops += 1
-            lp, rp = pieces[left], pieces[right]
-            if not lp or not rp or lp + rp != cat:
-                continue
-            pieces[left] = cat
+            right = nxt[left]
+            lp = pieces[left]
+            if not lp or right < 0 or len(lp) + len(pieces[right]) != size:
+                continue  # stale: one side was merged since this pair was queued
+            cat = pieces[left] = lp + pieces[right]
             pieces[right] = ""
-            nr = nxt[right]
-            nxt[left] = nr
+            nr = nxt[left] = nxt[right]
             if nr >= 0:
                 prv[nr] = left
+                r = ranks.get(cat + " " + pieces[nr])
+                if r is not None:
+                    push(heap, (r * width + left) * span + size + len(pieces[nr]))
+                    ops += 1
             pl = prv[left]
             if pl >= 0:
                 r = ranks.get(pieces[pl] + " " + cat)
                 if r is not None:
-                    heapq.heappush(heap, (r, pl, left, pieces[pl] + cat))
-                    ops += 1
-            if nr >= 0:
-                r = ranks.get(cat + " " + pieces[nr])
-                if r is not None:
-                    heapq.heappush(heap, (r, left, nr, cat + pieces[nr]))
+                    push(heap, (r * width + pl) * span + size + len(pieces[pl]))
                     ops += 1
         self.heap_ops += ops
         return [p for p in pieces if p]
