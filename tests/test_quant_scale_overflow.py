@@ -140,6 +140,34 @@ def test_quantize_chunk_refuses_too(quantizer):
         quant.quantize_chunk(x, "q4_K", imatrix=np.ones(x.shape[-1], np.float32))
 
 
+def test_ggmls_golden_huge_rows_are_refused_exactly_where_ggml_stored_an_inf_scale(quantizer):
+    """tests/data/quant_golden.npz holds ggml's own bytes for rows up to float32's maximum: a row is refused
+    iff one of ggml's blocks for it dequantizes to a non-finite value (or, Q8_1, has an inf s), and with
+    overflow="ggml" every row's bytes are ggml's (tests/test_quant_golden.py)."""
+    from pathlib import Path
+    golden = np.load(Path(__file__).parent / "data" / "quant_golden.npz")
+    x = golden["x_huge"]
+    checked = 0
+    for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_K", "q3_K", "q4_K", "q6_K", "iq4_xs", "tq2_0"):
+        if f"qh_{t}" not in golden:
+            continue
+        want = golden[f"qh_{t}"]
+        tr = traits(t)
+        with np.errstate(invalid="ignore", over="ignore"):
+            inf_scale = ~np.isfinite(quant.dequantize(want, t)).all(axis=1)
+        if t == "q8_1":
+            s = np.ascontiguousarray(want.reshape(len(x), -1, tr.type_size)[:, :, 2:4]).view(np.float16)
+            inf_scale |= ~np.isfinite(s).all(axis=(1, 2))
+        for i in range(len(x)):
+            if inf_scale[i]:
+                with pytest.raises(InvalidArgument, match="its scale overflows F16"):
+                    quant.quantize(x[i:i + 1], t)
+            else:
+                assert (quant.quantize(x[i:i + 1], t) == want[i:i + 1]).all(), (t, i)
+        checked += int(inf_scale.sum())
+    assert checked > 0
+
+
 def test_the_issues_example():
     with pytest.raises(InvalidArgument, match=r"row 0 \(index \(0,\)\), block 0 \(columns 0\.\.31\) holds a value "
                        r"of magnitude 1e\+07"):

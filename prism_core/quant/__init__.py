@@ -253,9 +253,23 @@ def _python_rows(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
     return out
 
 
-def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | None = None) -> np.ndarray:
+OVERFLOW_MODES = ("refuse", "ggml")
+
+
+def _overflow_mode(overflow: str) -> str:
+    if overflow not in OVERFLOW_MODES:
+        raise InvalidArgument(f"overflow must be one of {', '.join(map(repr, OVERFLOW_MODES))} (what to do with a "
+                              f"block whose scale overflows F16), got {overflow!r}")
+    return overflow
+
+
+def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | None = None,
+             overflow: str = "refuse") -> np.ndarray:
     """float rows → ggml blocks (uint8), as ggml's quantize_row_*_ref writes them (each row's last dim
-    one ggml row). IQ2_S, IQ3_XXS and IQ3_S (ggml's reference lattice searches) need the C quantizers."""
+    one ggml row). IQ2_S, IQ3_XXS and IQ3_S (ggml's reference lattice searches) need the C quantizers.
+    A block whose scale overflows F16 is refused (InvalidArgument naming the row and block);
+    ``overflow="ggml"`` writes it as ggml does instead, with a scale of inf."""
+    _overflow_mode(overflow)
     tr = _quant_traits(type)
     if tr.type not in _QUANTIZERS and tr.type not in _C_REFERENCE:
         _refuse_quantize(tr)
@@ -265,7 +279,8 @@ def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | Non
         if tr.type not in _QUANTIZERS:
             _refuse_c_only(tr)
         out = _python_rows(_QUANTIZERS[tr.type], rows, tr)
-    _refuse_overflowing_scales(rows, out, tr, "quantizing")
+    if overflow == "refuse":
+        _refuse_overflowing_scales(rows, out, tr, "quantizing")
     return out
 
 
@@ -297,12 +312,13 @@ def _imatrix_of(imatrix: np.ndarray | None, n: int, tr: TypeTraits) -> np.ndarra
 
 
 def quantize_chunk(rows: np.ndarray, type: GGMLType | int | str, imatrix: np.ndarray | None = None, *,
-                   threads: int | None = None) -> np.ndarray:
+                   threads: int | None = None, overflow: str = "refuse") -> np.ndarray:
     """float rows → ggml blocks as ggml_quantize_chunk writes them (llama-quantize's quantizers): the
     reference quantizers, IQ4_NL with its 15-scale search, and given ``imatrix`` (float, one importance
     per column: the rows' last dim) the importance-weighted searches; the lattice formats (:data:`C_ONLY`)
     need a backend offering them, and IQ2_XXS, IQ2_XS, IQ1_S an imatrix. ``threads``: the C quantizers'
-    thread count (default: the backend's)."""
+    thread count (default: the backend's). ``overflow``: as :func:`quantize`'s."""
+    _overflow_mode(overflow)
     tr = _quant_traits(type)
     rows = _float_rows(rows, tr, "quantizing")
     im = _imatrix_of(imatrix, rows.shape[-1], tr)
@@ -316,7 +332,8 @@ def quantize_chunk(rows: np.ndarray, type: GGMLType | int | str, imatrix: np.nda
     out = _accelerated(rows, tr, "chunk", im, threads) if rows.size else None
     if out is None:
         out = _chunk_in_numpy(rows, tr, im)
-    _refuse_overflowing_scales(rows, out, tr, "quantizing")
+    if overflow == "refuse":
+        _refuse_overflowing_scales(rows, out, tr, "quantizing")
     return out
 
 
