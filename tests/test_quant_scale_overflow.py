@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import available_backend
 
 import prism_core as pc
 from prism_core import quant
@@ -193,10 +194,7 @@ BAD_ROW = 2
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    info = next((i for i in pc.backends() if i.name == request.param), None)
-    if info is None or not info.available:
-        pytest.skip(f"{request.param} unavailable here: {info.reason if info else 'not registered'}")
-    return request.param
+    return available_backend(request.param)
 
 
 def _floats(t: str, value: float) -> np.ndarray:

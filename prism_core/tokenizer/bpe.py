@@ -3,12 +3,12 @@ pre-tokenize into words, map each word's bytes to GPT-2's printable characters (
 whose tokens are raw UTF-8 with ``▁`` for spaces), merge the adjacent pair of lowest merge rank
 (ties: the leftmost) until none is left, and look the pieces up (a piece that is no token falls
 back to its single bytes' tokens, silently dropping those the vocabulary lacks, as llama.cpp).
-A heap keeps each word linear-logarithmic, and a cache makes repeated words one lookup."""
+The merge queue (:mod:`.merge_queue`) keeps each word linear-logarithmic, and a cache makes repeated
+words one lookup."""
 
 from __future__ import annotations
 
-import heapq
-
+from .merge_queue import merge
 from .pretokenize import make_splitter
 from .token_table import Lookups
 from .vocab import Vocab
@@ -66,51 +66,13 @@ class BpeModel:
             return [ids[word]]
         return self._ids(self._merge(word))
 
+    def _pair_rank(self, a: str, b: str) -> int | None:
+        return self.ranks.get(f"{a} {b}")
+
     def _merge(self, word: str) -> list[str]:
-        # As spm's queue: entries are ints packing (merge rank, left, size); size, the pair's length,
-        # tells a stale entry, since any merge touching either side changes it.
-        n = len(word)
-        if n < 2:
-            return [word]
-        ranks = self.ranks
-        width, span = n, self._span
-        pieces = list(word)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            r = ranks.get(pieces[i] + " " + pieces[i + 1])
-            if r is not None:
-                heap.append((r * width + i) * span + 2)
-        heapq.heapify(heap)
-        ops = len(heap)
-        push, pop = heapq.heappush, heapq.heappop
-        while heap:
-            key, size = divmod(pop(heap), span)
-            left = key % width
-            ops += 1
-            right = nxt[left]
-            lp = pieces[left]
-            if not lp or right < 0 or len(lp) + len(pieces[right]) != size:
-                continue  # stale: one side was merged since this pair was queued
-            cat = pieces[left] = lp + pieces[right]
-            pieces[right] = ""
-            nr = nxt[left] = nxt[right]
-            if nr >= 0:
-                prv[nr] = left
-                r = ranks.get(cat + " " + pieces[nr])
-                if r is not None:
-                    push(heap, (r * width + left) * span + size + len(pieces[nr]))
-                    ops += 1
-            pl = prv[left]
-            if pl >= 0:
-                r = ranks.get(pieces[pl] + " " + cat)
-                if r is not None:
-                    push(heap, (r * width + pl) * span + size + len(pieces[pl]))
-                    ops += 1
+        pieces, ops = merge(word, self._pair_rank, self._span)
         self.heap_ops += ops
-        return [p for p in pieces if p]
+        return pieces
 
     def _ids(self, pieces: list[str]) -> list[int]:
         lookup = self._lookup

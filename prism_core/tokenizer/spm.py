@@ -11,13 +11,13 @@ the pieces repeat (words) and their results can be cached.
 
 from __future__ import annotations
 
-import heapq
 import re
 from array import array
 
 import numpy as np
 
 from ..errors import InvalidArgument
+from .merge_queue import merge
 from .token_table import Lookups
 from .vocab import Vocab
 
@@ -63,56 +63,16 @@ class SpmModel:
                     cache[chunk] = ids
             out.extend(ids)
 
-    def _encode_chunk(self, text: str) -> list[int]:
-        # One merge queue over the chunk, as llama.cpp's: candidate pairs ordered by score, then
-        # leftmost. Each merge queues at most two pairs, so a chunk of n characters costs at most 3n
-        # heap operations: O(n log n) however long the text runs without a cut. An entry is one int,
-        # (score rank, left, size) packed, which the heap compares far faster than a tuple; size (the
-        # pair's length) tells a stale entry: any merge touching either side changes it.
-        lookup, rank = self._lookup, self._rank
-        n = len(text)
-        width, span = n, self._span
-        pieces = list(text)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            tid = lookup(text[i:i + 2])
-            if tid is not None:
-                heap.append((rank[tid] * width + i) * span + 2)
-        heapq.heapify(heap)
-        ops = len(heap)
-        push, pop = heapq.heappush, heapq.heappop
-        while heap:
-            key, size = divmod(pop(heap), span)
-            left = key % width
-            ops += 1
-            right = nxt[left]
-            lp = pieces[left]
-            if not lp or right < 0 or len(lp) + len(pieces[right]) != size:
-                continue  # stale: one side was merged since this pair was queued
-            cat = pieces[left] = lp + pieces[right]
-            pieces[right] = ""
-            after = nxt[left] = nxt[right]
-            if after >= 0:
-                prv[after] = left
-                tid = lookup(cat + pieces[after])
-                if tid is not None:
-                    push(heap, (rank[tid] * width + left) * span + size + len(pieces[after]))
-                    ops += 1
-            before = prv[left]
-            if before >= 0:
-                tid = lookup(pieces[before] + cat)
-                if tid is not None:
-                    push(heap, (rank[tid] * width + before) * span + size + len(pieces[before]))
-                    ops += 1
-        self.heap_ops += ops
+    def _pair_rank(self, a: str, b: str) -> int | None:
+        tid = self._lookup(a + b)
+        return None if tid is None else self._rank[tid]
 
+    def _encode_chunk(self, text: str) -> list[int]:
+        pieces, ops = merge(text, self._pair_rank, self._span)
+        self.heap_ops += ops
+        lookup = self._lookup
         out: list[int] = []
-        i = 0
-        while i != -1:
-            p = pieces[i]
+        for p in pieces:
             tid = lookup(p)
             if tid is not None:
                 out.append(tid)
@@ -123,5 +83,4 @@ class SpmModel:
                         raise InvalidArgument(f"the vocabulary has no byte token <0x{b:02X}> for the byte fallback "
                                               f"of {p!r} (tokenizer.ggml.tokens)")
                     out.append(bt)
-            i = nxt[i]
         return out
