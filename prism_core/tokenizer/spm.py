@@ -12,7 +12,6 @@ the pieces repeat (words) and their results can be cached.
 from __future__ import annotations
 
 import re
-from array import array
 
 import numpy as np
 
@@ -28,7 +27,6 @@ class SpmModel:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self.token_to_id = vocab.token_to_id
-        self.scores = array("f", vocab.scores.astype(np.float32).tobytes())  # float, as llama.cpp's scores
         glue = vocab.tokens.chars_before(SPACE)  # characters a token holds right before a space mark
         if glue:
             cls = "".join(re.escape(c) for c in sorted(glue))
@@ -38,9 +36,10 @@ class SpmModel:
         self._byte_ids = [self._byte_token(b) for b in range(256)]
         self._cache: dict[str, list[int]] = {}
         self._lookup = Lookups(vocab.token_to_id)
-        # the queue's order: by score, highest first (equal float scores share a rank), as llama.cpp's
-        distinct = np.unique(vocab.scores.astype(np.float32))
-        self._rank = (len(distinct) - 1 - np.searchsorted(distinct, vocab.scores.astype(np.float32))).tolist()
+        # the queue's order: by score (float, as llama.cpp's), highest first; equal scores share a rank
+        scores = vocab.scores.astype(np.float32)
+        distinct = np.unique(scores)
+        self._rank = (len(distinct) - 1 - np.searchsorted(distinct, scores)).tolist()
         self._span = vocab.tokens.max_nbytes + 1  # above any token's length in characters
         self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
