@@ -133,6 +133,18 @@ def test_formats_whose_scale_cannot_overflow_take_any_finite_value(quantizer, t)
     assert back[1, 2, -1] > 1e38
 
 
+@pytest.mark.parametrize("t", ["iq3_s", "iq2_s", "iq3_xxs"])
+def test_the_lattice_formats_refuse_alike(t):
+    """The C-only lattice formats (csimd) store an F16 super-block scale too: a block of 1e30 overflows it
+    whatever the search picks, one of magnitude about 1 does not."""
+    available_backend("csimd")
+    assert np.isfinite(quant.dequantize(quant.quantize(_rows(t, 1.0), t), t)).all()
+    with pytest.raises(InvalidArgument, match=_message(t)):
+        quant.quantize(_rows(t, 1e30), t)
+    with pytest.raises(InvalidArgument, match=_message(t)):
+        quant.quantize_chunk(_rows(t, -1e30), t)
+
+
 def test_quantize_chunk_refuses_too(quantizer):
     x = _rows("q4_K", 6.4e7)
     with pytest.raises(InvalidArgument, match=_message("q4_K")):
