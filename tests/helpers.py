@@ -65,6 +65,14 @@ def refused(cls: type[Exception], match: str, ctx: pc.Context,
     assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
 
 
+def available_backend(name: str) -> str:
+    """name, or the test skipped with why that backend is unavailable here."""
+    info = next((i for i in pc.backends() if i.name == name), None)
+    if info is None or not info.available:
+        pytest.skip(f"{name} unavailable here: {info.reason if info else 'not registered'}")
+    return name
+
+
 def reads_block_types(case) -> bool:
     """Whether a conformance case's node reads or writes a block (quantized) type."""
     out = case.build(pc.Context(), np.random.default_rng(0)).out

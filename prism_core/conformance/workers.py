@@ -273,13 +273,15 @@ def _batches(cases: list, n: int) -> list[list[int]]:
 
 
 def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFAULT_TIMEOUT,
-              budget: float | None = None, jobs: int = 1, on_event: Callable[[str], None] | None = None,
+              timeouts: dict[str, float | None] | None = None, budget: float | None = None, jobs: int = 1,
+              on_event: Callable[[str], None] | None = None,
               cases: list | None = None,
               on_result: Callable[[str, CaseResult], None] | None = None) -> Outcome:
     """Every case of ``suite`` (``cases``: ``suite.cases()`` when already built) on each backend
     (by name), in worker processes, ``jobs`` at a time; see the module docstring for what a
-    crash, a hang and the budget do. ``on_result(backend, result)`` is called (from the worker
-    threads, one call at a time) as each case's result arrives."""
+    crash, a hang and the budget do. ``timeouts`` overrides the per-case ``timeout`` by backend.
+    ``on_result(backend, result)`` is called (from the worker threads, one call at a time) as
+    each case's result arrives."""
     cases = suite.cases() if cases is None else cases
     deadline = None if not budget else time.monotonic() + budget
     got: dict[str, dict[int, CaseResult]] = {b: {} for b in backends}
@@ -300,7 +302,7 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
                 if current is None or current.backend != name:
                     if current is not None:
                         current.close()
-                    current = BackendRun(name, suite, cases, timeout, on_event)
+                    current = BackendRun(name, suite, cases, (timeouts or {}).get(name, timeout), on_event)
 
                 def record(i: int, r: CaseResult, name: str = name) -> None:
                     with lock:
