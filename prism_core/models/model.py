@@ -38,10 +38,12 @@ from .sampling import Sampler, checked_sampler
 
 DEFAULT_N_CTX = 2048
 MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the least recently used one is discarded
+# (Model.max_plans: the batching engine keeps one per batch shape it meets, see engine.py)
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
 SLOW_REFERENCE_BYTES = 16 << 20  # weights beyond this on the reference backend get a warning: it is slow
+DEFAULT_PARALLEL = 16  # generate_many's prompts computed at once by default
 PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 
 
@@ -54,6 +56,20 @@ class Token:
     id: int
     text: str
     bytes: bytes = b""
+
+
+class TokenText:
+    """The :class:`Token` of each generated id of one generation, in order: its piece, its UTF-8 text
+    completed across tokens (see :meth:`Model.generate`); ``last``: no token follows, so bytes no token
+    completed become U+FFFD."""
+
+    def __init__(self, tokenizer: Any, special: bool) -> None:
+        self.tokenizer, self.special = tokenizer, special
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, tok: int, *, last: bool) -> Token:
+        piece = self.tokenizer.piece_bytes(tok, self.special)
+        return Token(tok, self.utf8.decode(piece, final=last), piece)
 
 
 @dataclass
@@ -136,6 +152,7 @@ class Model:
         self._tokenizer = tokenizer
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.max_plans = MAX_PLANS
         self._tap: Any = None
         self.timings = Timings()
         self._lock = threading.Lock()  # see _exclusive
@@ -191,7 +208,7 @@ class Model:
             same = [k for k in self._graphs if k[::2] == key[::2]]  # this batch shape's, least recently used first
             victims = same[:max(0, len(same) - MAX_PLANS_PER_BATCH + 1)]
             others = [k for k in self._graphs if k not in victims]
-            victims += others[:max(0, len(others) - MAX_PLANS + 1)]
+            victims += others[:max(0, len(others) - self.max_plans + 1)]
             for old in victims:
                 gone = self._graphs.pop(old)
                 gone.plan.release()
@@ -352,6 +369,31 @@ class Model:
             self.timings = seq.timings = Timings()
             yield from seq._generate(ids, max_tokens, sampler, special)
 
+    def generate_many(self, prompts: Seq[str | Seq[int]], n_predict: int = 64, sampler: Any = None, *,
+                      seed: int | None = None, special: bool = False,
+                      n_parallel: int | None = None) -> list[list[Token]]:
+        """Generate after every prompt at once, batched (:class:`~.engine.Engine`): for each prompt, in order,
+        the list of its :class:`Token` (``"".join(t.text for t in toks)`` is its text), as
+        :meth:`generate` would yield them: up to ``n_predict`` tokens, ending early at an end-of-generation
+        token. ``sampler``: None (greedy), a :class:`Sampler` (copied per prompt: prompt i draws with seed
+        ``seed + i``, ``seed`` defaulting to the sampler's own), or a list of one sampler per prompt.
+        ``n_parallel``: prompts computed at once (default: all of them, up to 16)."""
+        from .engine import Engine, samplers_for
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Seq) or not prompts:
+            raise InvalidArgument(f"prompts must be a non-empty list of prompts (texts or token-id lists), "
+                                  f"got {prompts!r:.80}")
+        samplers = samplers_for(sampler, len(prompts), seed)
+        engine = Engine(self, n_parallel if n_parallel is not None else min(len(prompts), DEFAULT_PARALLEL))
+        try:
+            requests = [engine.submit(p, n_predict, s, special=special) for p, s in zip(prompts, samplers)]
+            engine.run()
+        finally:
+            engine.close()  # an interrupted run frees its sequences
+        for r in requests:
+            if r.error is not None:
+                raise r.error
+        return [r.tokens for r in requests]
+
     def perplexity(self, text: str | Seq[int]) -> float:
         """exp of the mean negative log-likelihood of each token given the ones before it (from empty, on the
         calling thread's sequence, as :meth:`logits`)."""
@@ -477,15 +519,14 @@ class Sequence:
         t.n_prompt = len(ids)
         logits, t.prompt_s = t.timed(lambda: self.eval(ids)[-1], m.backend)
         history, n_out = list(ids), 0
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = TokenText(m.tokenizer, special)
         for _ in range(max_tokens):
             tok = sampler(logits, history)
             if tok in m.eog_ids:
                 return
             history.append(tok)
             n_out += 1
-            piece = m.tokenizer.piece_bytes(tok, special)
-            yield Token(tok, utf8.decode(piece, final=n_out == max_tokens), piece)
+            yield text(tok, last=n_out == max_tokens)
             if n_out < max_tokens:
                 logits, seconds = t.timed(lambda: self.eval([tok])[-1], m.backend)  # noqa: B023 - called now
                 t.decode_s += seconds
