@@ -8,7 +8,8 @@ llama-cpp-python is not installed), and the ratio of each to Prism's own single-
 Per engine, in a fresh interpreter (benchmarks/model.py's environment: threads, OpenMP waiting): each of
 the P sequences reads its own short prompt (6-9 tokens), then T steps each compute the next token of every
 sequence (greedy, end-of-generation excluded so every step has P rows); the figure is P * T over the
-steps' seconds, the best of a few runs after a warm-up run (which plans the graphs). Issue 28's targets:
+steps' seconds, the best of a few rounds after a warm-up round (which plans the graphs); each round runs
+every configuration once, so that a shared machine's changing load falls on all of them alike. Issue 28's targets:
 csimd at least 1.0x llama.cpp at 4 and 8 sequences, and at least 2.5x its own single-stream decode at 8.
 """
 
@@ -35,7 +36,6 @@ prompts = json.loads(sys.argv[7])
 def emit(**kv):
     print(json.dumps(kv), flush=True)
 if engine == "llama.cpp":
-    import ctypes
     import llama_cpp as L
     L.llama_backend_init()
     mp = L.llama_model_default_params()
@@ -47,7 +47,7 @@ if engine == "llama.cpp":
         n = L.llama_tokenize(vocab, text.encode(), len(text.encode()), buf, 256, True, True)
         return list(buf[:n])
     eog = [t for t in range(n_vocab) if L.llama_vocab_is_eog(vocab, t)]
-    def run(p):
+    def setup(p):
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = n_ctx, 512, 512, max(p, 1)
         cp.n_threads = cp.n_threads_batch = 2
@@ -65,10 +65,8 @@ if engine == "llama.cpp":
             z = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
             z[eog] = -np.inf
             return int(np.argmax(z))
-        best = float("inf")
-        for r in range(repeats + 1):
-            mem = L.llama_get_memory(ctx)
-            L.llama_memory_clear(mem, True)
+        def once():
+            L.llama_memory_clear(L.llama_get_memory(ctx), True)
             ids = [tokenize(prompts[i]) for i in range(p)]
             rows = [(t, j, i, j == len(ids[i]) - 1) for i in range(p) for j, t in enumerate(ids[i])]
             decode(rows)
@@ -80,13 +78,9 @@ if engine == "llama.cpp":
                 decode([(nxt[i], pos[i], i, True) for i in range(p)])
                 nxt = [argmax(i) for i in range(p)]
                 pos = [q + 1 for q in pos]
-            if r:  # the first run is the warm-up
-                best = min(best, time.perf_counter() - t0)
-        L.llama_batch_free(batch)
-        L.llama_free(ctx)
-        return p * steps / best
-    for p in parallel:
-        emit(name=f"batched {p}", tok_s=run(p))
+            return p * steps / (time.perf_counter() - t0)
+        return once
+    runs = {f"batched {p}": setup(p) for p in parallel}
 else:
     import prism_core as pc
     import prism_core.models as M
@@ -98,21 +92,15 @@ else:
         z[eog] = -np.inf
         return int(np.argmax(z))
     def single():  # Sequence.eval one token at a time, as prism run decodes
-        best = float("inf")
-        for r in range(repeats + 1):
-            with model.new_sequence() as s:
-                z = s.eval(model.encode(prompts[0]))[-1]
+        with model.new_sequence() as s:
+            z = s.eval(model.encode(prompts[0]))[-1]
+            z = s.eval([greedy(z, ())])[-1]
+            t0 = time.perf_counter()
+            for _ in range(steps):
                 z = s.eval([greedy(z, ())])[-1]
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    z = s.eval([greedy(z, ())])[-1]
-                if r:
-                    best = min(best, time.perf_counter() - t0)
-        return steps / best
-    emit(name="single stream", tok_s=single())
-    def run(p):
-        best = float("inf")
-        for r in range(repeats + 1):
+            return steps / (time.perf_counter() - t0)
+    def batched(p):
+        def once():
             engine = Engine(model, p)
             reqs = [engine.submit(prompts[i], steps + 2, greedy) for i in range(p)]
             while not all(q._decoding for q in reqs):  # the prompts read, each request's first token drawn
@@ -123,11 +111,19 @@ else:
             dt = time.perf_counter() - t0
             assert engine.stats.generated - n0 == p * steps, "every step decodes every sequence"
             engine.close()
-            if r:
-                best = min(best, dt)
-        return p * steps / best
-    for p in parallel:
-        emit(name=f"batched {p}", tok_s=run(p))
+            return p * steps / dt
+        return once
+    runs = {"single stream": single, **{f"batched {p}": batched(p) for p in parallel}}
+# every configuration once per round, the best round of each kept: a shared machine's load changes
+# between rounds, and interleaving gives each configuration the same chances (round 0 warms up)
+best = {}
+for r in range(repeats + 1):
+    for name, once in runs.items():
+        v = once()
+        if r:
+            best[name] = max(best.get(name, 0.0), v)
+for name, v in best.items():
+    emit(name=name, tok_s=v)
 """
 
 
