@@ -1135,6 +1135,20 @@ QATTR static inline uint16_t FN(q_f16_bits)(const uint8_t *p) {
     return h;
 }
 
+/* the fp16 scales of the four 32-value blocks at b (block bytes bb) in lanes 0-3; with pf, the same bytes pf
+   further on prefetched to L2 (the rows a few passes ahead) */
+QATTR static inline __attribute__((always_inline)) __m512 FN(q_b32_scales4)(const int t, const uint8_t *b,
+                                                                           const int64_t bb, const int64_t pf) {
+    if (pf) {
+        _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+        _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
+        if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+    }
+    const uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16 |
+                        (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
+    return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+}
+
 QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
                                                                         const int R, int64_t K, const q_arow *a,
                                                                         float *out, const int64_t pf) {
@@ -1155,14 +1169,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            if (pf) { /* the same bytes pf further on (the rows a few passes ahead) */
-                _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-                _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
-                if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
-            }
-            const uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16 |
-                                (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
-            const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+            const __m512 wd = FN(q_b32_scales4)(t, b, bb, pf);
             const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
             const __m512i p1 = _mm512_dpbusd_epi32(n1, FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb), a1);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
@@ -1214,14 +1221,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r2)(const 
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            if (pf) { /* as q_gemv_b32_r: the rows a few passes ahead */
-                _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-                _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
-                if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
-            }
-            const uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16 |
-                                (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
-            const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+            const __m512 wd = FN(q_b32_scales4)(t, b, bb, pf);
             const __m512 w0 = _mm512_permutexvar_ps(blk0, wd), w1 = _mm512_permutexvar_ps(blk1, wd);
             const __m512i u0 = FN(q_pair_u8)(t, b, b + bb), u1 = FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(n0, u0, a0)), _mm512_mul_ps(w0, s0), acc[r]);

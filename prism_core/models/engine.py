@@ -158,13 +158,7 @@ class Engine:
         ``sampler`` (None: greedy; give each request its own Sampler: its generator advances with every
         draw). Refused (BoundExceeded) when the prompt and ``max_tokens`` exceed the context. Thread-safe."""
         m = self.model
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = checked_sampler(sampler)
-        ids = m.encode(prompt)
-        if len(ids) + max_tokens > m.cache.n_ctx:
-            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
-                                f"of {m.cache.n_ctx} tokens")
+        ids, sampler = m._checked_generation(prompt, max_tokens, sampler)
         with self._cond:
             if self._closed:
                 raise InvalidArgument("the engine is closed")

@@ -343,6 +343,20 @@ class Model:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
+    def _checked_generation(self, prompt: str | Seq[int], max_tokens: int, sampler: Any,
+                            n_past: int = 0) -> tuple[list[int], Any]:
+        """A generation's prompt ids and sampler, refused before any work when they are bad or the prompt and
+        ``max_tokens`` after ``n_past`` tokens exceed the context."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        sampler = checked_sampler(sampler)
+        ids = self.encode(prompt)
+        if n_past + len(ids) + max_tokens > self.cache.n_ctx:
+            after = f" after the sequence's {n_past}" if n_past else ""
+            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens}{after} exceed the "
+                                f"context of {self.cache.n_ctx} tokens")
+        return ids, sampler
+
     def generate(self, prompt: str | Seq[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
                  special: bool = False) -> Iterator[Token]:
         """Yield tokens as they are produced, on a sequence of its own (so generators and threads never see
@@ -355,13 +369,7 @@ class Model:
         that completes it; bytes no token completes become U+FFFD in the last token's text (``max_tokens``
         reached) or are left out of the text (an end-of-generation token came first); each token's
         ``bytes`` keeps them. :attr:`timings` is the latest generation's."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = checked_sampler(sampler)
-        ids = self.encode(prompt)
-        if len(ids) + max_tokens > self.cache.n_ctx:
-            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
-                                f"of {self.cache.n_ctx} tokens")
+        ids, sampler = self._checked_generation(prompt, max_tokens, sampler)
         mine = getattr(self._local, "seq", None)
         if mine is not None and mine.open:  # as the single cache did: the thread's eval tokens are forgotten
             mine.clear()
@@ -502,14 +510,7 @@ class Sequence:
         """As :meth:`Model.generate`, continuing this sequence: the prompt is fed after its tokens (on an empty
         sequence, exactly Model.generate). Afterwards it holds the prompt and every generated token but the
         last (never fed); :attr:`timings` says how long it took."""
-        m = self.model
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = checked_sampler(sampler)
-        ids = m.encode(prompt)
-        if self.n_past + len(ids) + max_tokens > m.cache.n_ctx:
-            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} after the "
-                                f"sequence's {self.n_past} exceed the context of {m.cache.n_ctx} tokens")
+        ids, sampler = self.model._checked_generation(prompt, max_tokens, sampler, self.n_past)
         self.timings = Timings()
         yield from self._generate(ids, max_tokens, sampler, special)
 
