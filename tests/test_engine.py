@@ -160,6 +160,20 @@ def test_submit_refuses_bad_requests_and_zero_tokens_ends_at_once():
     assert model.cache.used() == 0
 
 
+def test_a_failing_sampler_ends_its_request_only():
+    model, _, _ = _tiny_model("numpy", "llama", n_layer=2, n_seq=2)
+
+    def broken(logits, history):
+        raise ValueError("sampler broke")
+    want = _alone(model, PROMPTS[0], 5)[0]
+    with Engine(model, 2) as engine:
+        bad, good = engine.submit(PROMPTS[1], 5, broken), engine.submit(PROMPTS[0], 5)
+        with pytest.raises(ValueError, match="sampler broke"):
+            list(bad)
+        assert bad.finish_reason == "error" and [t.id for t in good] == want
+    assert model.cache.used() == 0
+
+
 def test_physical_batches_split_a_step_with_the_same_result():
     """n_batch 8 tokens per step computed as graphs of 3 (n_ubatch): a prompt chunk spans graphs."""
     model, _, _ = _tiny_model("numpy", "llama", n_layer=2, n_batch=8, n_seq=3)

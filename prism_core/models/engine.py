@@ -44,8 +44,8 @@ EXTRA_PLANS = 6
 
 
 class Request:
-    """One generation submitted to an :class:`Engine`: iterate it for its tokens as they come (from any one
-    thread); :meth:`cancel` ends it at the engine's next step. ``finish_reason`` once it ended: "length"
+    """One generation submitted to an :class:`Engine`: iterate it (once, from any one thread) for its tokens as
+    they come, or read ``tokens`` (those so far); :meth:`cancel` ends it at the engine's next step. ``finish_reason`` once it ended: "length"
     (``max_tokens`` reached), "stop" (an end-of-generation token, not yielded) or "cancelled"."""
 
     def __init__(self, ids: list[int], max_tokens: int, sampler: SamplerLike, text: TokenText, number: int) -> None:
@@ -206,7 +206,17 @@ class Engine:
                     self._cond.wait()
                 if self._closed:
                     return
-            self.step()
+            try:
+                self.step()
+            except BaseException as e:  # never leave a reader waiting on a dead worker
+                with self._cond:
+                    pending = list(self._waiting) + self._active
+                    self._waiting.clear()
+                    self._active.clear()
+                for req in pending:
+                    req._finish("error", e)
+                if not isinstance(e, Exception):
+                    raise
 
     def close(self) -> None:
         """Stop the worker; requests not ended are cancelled and their cells freed."""
@@ -313,7 +323,10 @@ class Engine:
         for row, i in enumerate(out):
             req, _, want = rows[i]
             if want:
-                self._sample(req, logits[row])
+                try:
+                    self._sample(req, logits[row])
+                except Exception as e:  # a sampler (any callable) that fails ends its own request only
+                    self._end(req, "error", e)
         return True
 
     def _sample(self, req: Request, logits: np.ndarray) -> None:
