@@ -45,8 +45,9 @@ EXTRA_PLANS = 6
 
 class Request:
     """One generation submitted to an :class:`Engine`: iterate it (once, from any one thread) for its tokens as
-    they come, or read ``tokens`` (those so far); :meth:`cancel` ends it at the engine's next step. ``finish_reason`` once it ended: "length"
-    (``max_tokens`` reached), "stop" (an end-of-generation token, not yielded) or "cancelled"."""
+    they come, or read ``tokens`` (those so far); :meth:`cancel` ends it at the engine's next step.
+    ``finish_reason`` once it ended: "length" (``max_tokens`` reached), "stop" (an end-of-generation token,
+    not yielded), "cancelled", or "error" (``error`` says why; iterating raises it)."""
 
     def __init__(self, ids: list[int], max_tokens: int, sampler: SamplerLike, text: TokenText, number: int) -> None:
         self.n_prompt = len(ids)
