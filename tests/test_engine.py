@@ -174,6 +174,21 @@ def test_a_failing_sampler_ends_its_request_only():
     assert model.cache.used() == 0
 
 
+def test_run_refuses_when_no_sequence_can_be_opened():
+    from prism_core.models import kv_cache
+    model, _, _ = _tiny_model("numpy", "llama", n_layer=2)
+    held = [model.new_sequence() for _ in range(kv_cache.MAX_SEQ - len(model.cache.next_pos))]
+    engine = Engine(model, 2)
+    r = engine.submit([1, 2], 3)
+    with pytest.raises(pc.BoundExceeded, match="no request can start"):
+        engine.run()
+    held.pop().remove()
+    engine.run()  # a sequence is free again: the request runs
+    assert (r.finish_reason, r.n_generated) == ("length", 3)
+    del held
+    engine.close()
+
+
 def test_physical_batches_split_a_step_with_the_same_result():
     """n_batch 8 tokens per step computed as graphs of 3 (n_ubatch): a prompt chunk spans graphs."""
     model, _, _ = _tiny_model("numpy", "llama", n_layer=2, n_batch=8, n_seq=3)

@@ -151,6 +151,7 @@ class Engine:
         self._worker: threading.Thread | None = None
         self._closed = False
         self._hold = False  # a request was preempted for room: admit none until one ends
+        self._progress = False  # the last step computed something
 
     # ------------------------------------------------------------ submitting
     def submit(self, prompt: str | Seq[int], max_tokens: int = 64, sampler: SamplerLike | None = None, *,
@@ -190,7 +191,9 @@ class Engine:
         if self._worker is not None:
             raise InvalidArgument("the engine runs on its worker thread (start()); submit and read requests instead")
         while self.step():
-            pass
+            if not self._progress and not self._active:
+                raise BoundExceeded(f"no request can start: the KV cache's sequences are all open; held: "
+                                    f"{self.model.cache.holders_text()}")
 
     def start(self) -> Engine:
         """Run the steps on a worker thread until :meth:`close`."""
@@ -209,6 +212,9 @@ class Engine:
                     return
             try:
                 self.step()
+                if not self._progress:  # waiting for a sequence of the cache that other users hold
+                    with self._cond:
+                        self._cond.wait(0.05)
             except BaseException as e:  # never leave a reader waiting on a dead worker
                 with self._cond:
                     pending = list(self._waiting) + self._active
@@ -246,6 +252,7 @@ class Engine:
         self._drop_cancelled()
         self._admit()
         rows = self._rows()
+        self._progress = bool(rows)
         if rows:
             for lo in range(0, len(rows), self.n_ubatch):
                 if not self._compute(rows[lo:lo + self.n_ubatch]):
