@@ -21,6 +21,7 @@ from . import finetune as finetune_section
 from . import gguf_open, quantize_file
 from . import model as model_section
 from . import quant as quant_section
+from . import serve as serve_section
 from .machine import copy_bandwidth_gbs, fp32_peak_gflops, read_bandwidth_gbs
 from .quantized import quantized
 
@@ -256,7 +257,8 @@ def _prism_mlp_step(x, y, dh, be):
 SECTIONS = {"dispatch": Bench.dispatch, "add": Bench.add_16m, "mul_mat": Bench.mul_mat, "rows": Bench.row_ops,
             "mlp": Bench.mlp, "quant": quant_section.run, "gguf": gguf_open.run,
             "quantized": lambda bench: quantized(bench, best_time),
-            "model": model_section.run, "finetune": finetune_section.run, "quantize": quantize_file.run}
+            "model": model_section.run, "finetune": finetune_section.run, "quantize": quantize_file.run,
+            "serve": serve_section.run}
 
 
 def main(argv: list[str] | None = None) -> int:
