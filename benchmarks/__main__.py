@@ -21,6 +21,7 @@ from . import finetune as finetune_section
 from . import gguf_open, quantize_file
 from . import model as model_section
 from . import quant as quant_section
+from . import serve as serve_section
 from .machine import copy_bandwidth_gbs, fp32_peak_gflops, read_bandwidth_gbs
 from .quantized import quantized
 
@@ -64,10 +65,12 @@ def best_wall_and_cpu(fn, repeats: int, min_time: float = 0.05) -> tuple[float, 
 
 
 class Bench:
-    def __init__(self, quick: bool) -> None:
+    def __init__(self, quick: bool, only_backends: list[str] | None = None, threads: int | None = None) -> None:
         self.quick = quick
+        self.threads = threads  # the model section's thread count (None: its default)
         self.repeats = 2 if quick else 5
-        self.backends = [b.backend for b in pc.backends() if b.available]
+        self.backends = [b.backend for b in pc.backends() if b.available
+                         and (only_backends is None or b.name in only_backends)]
         self.results: dict[str, dict[str, float]] = {}
 
     def record(self, section: str, name: str, value: float) -> None:
@@ -254,17 +257,29 @@ def _prism_mlp_step(x, y, dh, be):
 SECTIONS = {"dispatch": Bench.dispatch, "add": Bench.add_16m, "mul_mat": Bench.mul_mat, "rows": Bench.row_ops,
             "mlp": Bench.mlp, "quant": quant_section.run, "gguf": gguf_open.run,
             "quantized": lambda bench: quantized(bench, best_time),
-            "model": model_section.run, "finetune": finetune_section.run, "quantize": quantize_file.run}
+            "model": model_section.run, "finetune": finetune_section.run, "quantize": quantize_file.run,
+            "serve": serve_section.run}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     ap.add_argument("--only", action="append", choices=list(SECTIONS), help="run only these sections")
+    ap.add_argument("--backends", metavar="NAMES", type=lambda v: [x for x in v.split(",") if x],
+                    help="comma-separated Prism backends to measure (default: every available one)")
+    ap.add_argument("--threads", type=int, metavar="N", help="threads of every engine in the model section (default 2)")
     ap.add_argument("--json", metavar="OUT", help="save the results as JSON")
     ap.add_argument("--compare", metavar="PREV", help="print ratios against a previous --json file")
     args = ap.parse_args(argv)
-    bench = Bench(args.quick)
+    if args.backends is not None:
+        known = {b.name: b for b in pc.backends()}
+        bad = [n for n in args.backends if n not in known or not known[n].available]
+        if bad or not args.backends:
+            ap.error(f"--backends: {', '.join(bad) or 'no name'} not among the available backends "
+                     f"({', '.join(n for n, b in known.items() if b.available)})")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be at least 1, got {args.threads}")
+    bench = Bench(args.quick, args.backends, args.threads)
     print(f"Prism {pc.__version__} benchmarks; backends: {', '.join(b.name for b in bench.backends)}; "
           f"peers: NumPy {np.__version__}" + (f", PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
                                               if torch is not None else " (PyTorch not installed)"))

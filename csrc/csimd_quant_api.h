@@ -217,10 +217,16 @@ int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd
     return 0;
 }
 
-/* Quantizing refuses non-finite floats, as the reference does (ggml's quantizers turn them into
-   position-dependent garbage): the kernels below that quantize check every value first and return
-   Q_NONFINITE, having written nothing; the Python wrapper names the value. */
-#define Q_NONFINITE (-3)
+/* Quantizing refuses what the reference refuses: non-finite floats (ggml's quantizers turn them into
+   position-dependent garbage) and a block whose stored scale would overflow (F16 inf: the whole block then
+   dequantizes to inf or NaN). The kernels below that quantize check every value first and return
+   Q_UNQUANTIZABLE, having written nothing; the Python wrapper has prism_core.quant name the row and block. */
+#define Q_UNQUANTIZABLE (-3)
+
+/* No block whose largest magnitude is at most this can overflow a scale: the largest field any quantizer
+   stores is Q8_1's s = d * sum(q) <= 32 * amax; every other scale is at most about twice amax
+   (prism_core.quant.SAFE_AMAX, the same bound) */
+#define Q_SAFE_AMAX 1024.0f
 
 static inline int q_nonfinite_bits(float v) {
     uint32_t u;
@@ -250,6 +256,24 @@ static int q_all_finite(const csimd_tensor *a, int nth) {
     return !bad;
 }
 
+/* whether quantizing the block x (t's block of floats, all finite) with mode stores a scale that overflows:
+   a block above Q_SAFE_AMAX is quantized alone into scratch and dequantized (a non-finite value then tells),
+   Q8_1's s (F16 at byte 2, which dequantizing does not read) checked apart */
+static int q_block_overflows(int t, int mode, const float *x) {
+    const int be = q_block_elems(t);
+    float amax = 0.0f;
+    for (int e = 0; e < be; e++) amax = fmaxf(amax, fabsf(x[e]));
+    if (amax <= Q_SAFE_AMAX) return 0;
+    uint8_t y[320];
+    float back[256];
+    if (q_quantize_row(t, mode, x, y, be, NULL)) return 0; /* no such quantizer: refused before this */
+    q_row_dequant(t, (const char *)y, back, be);
+    int bad = 0;
+    for (int e = 0; e < be; e++) bad |= q_nonfinite_bits(back[e]);
+    if (t == Q_Q8_1) bad |= (((uint16_t)y[3] << 8) & 0x7c00) == 0x7c00;
+    return bad;
+}
+
 /* element L (row-major over ne) of t */
 static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
     const int64_t i0 = L % t->ne[0], i1 = (L / t->ne[0]) % t->ne[1], i2 = (L / (t->ne[0] * t->ne[1])) % t->ne[2];
@@ -257,10 +281,34 @@ static inline char *q_elt_linear(const csimd_tensor *t, int64_t L) {
     return ELT(t, i0, i1, i2, i3);
 }
 
+/* whether the F32/F16/BF16 tensor a (row-major, its element count a multiple of qt's block) can be quantized
+   to qt block after block in that order: every value finite, and no block's scale overflowing */
+static int q_quantizable(const csimd_tensor *a, int qt, int mode, int nth) {
+    if (!q_all_finite(a, nth)) return 0;
+    const int be = q_block_elems(qt);
+    const int64_t nb = nelem(a) / be;
+    const int in_rows = a->type == CSIMD_F32 && a->nb[0] == 4 && a->ne[0] % be == 0;
+    int bad = 0;
+    (void)nth;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nb > 1) reduction(| : bad)
+    for (int64_t ib = 0; ib < nb; ib++) {
+        float x[256];
+        const float *blk = x;
+        if (in_rows) { /* a block inside one contiguous F32 row */
+            const int64_t L = ib * be;
+            blk = (const float *)q_elt_linear(a, L);
+        } else {
+            for (int e = 0; e < be; e++) x[e] = load_f32(q_elt_linear(a, ib * be + e), a->type);
+        }
+        bad |= q_block_overflows(qt, mode, blk);
+    }
+    return !bad;
+}
+
 /* CPY/DUP/CONT with a quantized side, elements in row-major order as ggml: quantized -> F32/F16/BF16
    dequantizes, F32/F16/BF16 -> quantized quantizes each destination row (mode: as csimd_q_quantize;
-   Q_NONFINITE, nothing written, when a is not all finite), the same quantized type copies the blocks (in
-   row-major order, rows of any whole-block length) */
+   Q_UNQUANTIZABLE, nothing written, when a is not all finite or a block's scale would overflow), the same
+   quantized type copies the blocks (in row-major order, rows of any whole-block length) */
 int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_type_of(a), qd = q_type_of(d);
     /* each side F32/F16/BF16 or a quantized view; a quantized d of another type than a's is quantized into */
@@ -271,7 +319,7 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
     const csimd_tensor *rows = qd >= 0 ? d : a; /* the quantized side sets the rows */
     const int64_t n0 = rows->ne[0], nr = nrows_of(rows);
     nth = clamp_threads(nth);
-    if (qd >= 0 && qa < 0 && !q_all_finite(a, nth)) return Q_NONFINITE;
+    if (qd >= 0 && qa < 0 && !q_quantizable(a, qd, mode, nth)) return Q_UNQUANTIZABLE;
     float *scratch = q_scratch_rows(nth, n0);
     if (!scratch) return -2;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
@@ -313,14 +361,14 @@ int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth)
 }
 
 /* SET_ROWS into a quantized d: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] quantized (mode: as
-   csimd_q_quantize); the other rows are left as they are. Indices are checked first, then that b is all
-   finite (Q_NONFINITE otherwise, nothing written). */
+   csimd_q_quantize); the other rows are left as they are. Indices are checked first, then that b can be
+   quantized (Q_UNQUANTIZABLE otherwise, nothing written). */
 int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth) {
     const int qd = q_dest_type(d, mode);
     if (qd < 0 || !is_float(b->type) || !set_rows_ok(b, c, d)) return -1;
     const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
     nth = clamp_threads(nth);
-    if (!q_all_finite(b, nth)) return Q_NONFINITE;
+    if (!q_quantizable(b, qd, mode, nth)) return Q_UNQUANTIZABLE;
     float *rows = q_scratch_rows(nth, n0);
     if (!rows) return -2;
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
@@ -407,8 +455,8 @@ int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_t
 }
 
 /* ADD with a quantized a, as ggml: each row of a dequantized, b (F32/F16/BF16, modulo broadcast) added in
-   float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize; Q_NONFINITE when a
-   sum is not finite, nothing written) or as F32 */
+   float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize; Q_UNQUANTIZABLE
+   when a sum is not finite or a block's scale would overflow, nothing written) or as F32 */
 int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_view_type(a), qd = q_type_of(d);
     if (qa < 0 || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b) || !is_float(b->type) || !q_mode_ok(mode))
@@ -439,6 +487,7 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
         if (qd >= 0) {
             int bad = 0;
             for (int64_t e = 0; e < n0; e++) bad |= q_nonfinite_bits(tmp[e]);
+            for (int64_t e = 0; e < n0 && !bad; e += be) bad |= q_block_overflows(qd, mode, tmp + e);
             nonfinite |= bad;
             if (bad) continue;
             q_quantize_row(qd, mode, tmp, scratch + ir * rb, n0, NULL);
@@ -456,5 +505,5 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
         }
     }
     free(scratch);
-    return nonfinite ? Q_NONFINITE : 0;
+    return nonfinite ? Q_UNQUANTIZABLE : 0;
 }

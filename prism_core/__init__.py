@@ -39,7 +39,7 @@ from .ops.build import *  # noqa: F403 - the graph-building functions are the pu
 from .ops.build import node
 from .ops.table import OPS, OpDef, opdef
 from .plan import Plan, Workspace, plan
-from .plugin.base import Backend, Kernel, KernelTable, type_refusal
+from .plugin.base import Backend, Kernel, KernelTable, NodeRun, type_refusal
 from .plugin.hookspecs import INTERFACE_VERSION, hookimpl
 from .plugin.registry import (
     REGISTRY,

@@ -15,7 +15,9 @@ plan then only calls kernels.
 After a planned compute, only protected tensors hold meaningful values: intermediate
 buffers have been overwritten by later nodes (flag a tensor with ``set_output`` to keep
 it). A plan describes the graph as it was when planned; plan again after changing it.
-Backends may prepare each node's call once (:meth:`Backend.prepare`); a plan restores
+Backends may prepare each node's call once (:meth:`Backend.prepare`), or one call for each
+maximal run of consecutive nodes they claimed (:meth:`Backend.prepare_run`: a native graph
+compute, a compiler; the reference's fallbacks run between the runs); a plan restores
 the storage its calls were prepared with before computing, so several plans over shared
 tensors stay correct.
 
@@ -39,7 +41,7 @@ import numpy as np
 from .context import Context
 from .errors import InvalidArgument, Unsupported
 from .graph import Graph
-from .plugin.base import Backend
+from .plugin.base import Backend, NodeRun
 from .plugin.registry import REGISTRY
 from .schedule import (
     Fallback,
@@ -180,6 +182,7 @@ class Plan:
     workspace: Workspace | None = None  # where the arena lives when shared with other plans
     offsets: list[tuple[Tensor, int]] = field(default_factory=list)  # each arena tensor's place in it
     owners: list[Backend] = field(default_factory=list)  # the backend computing each step
+    runs: list[NodeRun] = field(default_factory=list)  # the steps computed by one call each (Backend.prepare_run)
 
     @property
     def peak_bytes(self) -> int:
@@ -222,7 +225,7 @@ class Plan:
             n._storage = None
         if self.workspace is not None:
             self.workspace._detach(self)
-        self.arena, self.calls, self.bindings, self.offsets = None, [], [], []
+        self.arena, self.calls, self.bindings, self.offsets, self.runs = None, [], [], [], []
 
     def _bind_arena(self, buffer: np.ndarray, *, prepare: bool) -> None:
         self.arena = buffer[:max(self.arena_bytes, 1)]
@@ -242,7 +245,10 @@ class Plan:
 
     def summary(self) -> str:
         ratio = self.peak_bytes / self.naive_bytes if self.naive_bytes else 1.0
-        return (f"plan on {self.backend.name}: {len(self.steps)} kernels, {len(self.fallbacks)} on the reference; "
+        runs = (f", {sum(len(r.nodes) for r in self.runs)} of them in {len(self.runs)} "
+                f"run{'s' if len(self.runs) != 1 else ''} of one call each" if self.runs else "")
+        return (f"plan on {self.backend.name}: {len(self.steps)} kernels{runs}, "
+                f"{len(self.fallbacks)} on the reference; "
                 f"result memory {self.peak_bytes} bytes vs {self.naive_bytes} unplanned ({ratio:.0%}; "
                 f"live at once at most {self.live_bound_bytes}), "
                 f"{self.inplace_reuses} in-place reuses")
@@ -257,15 +263,66 @@ def _bound_kernel(be: Backend, node: Tensor) -> Callable[[Tensor], None]:
 
 
 def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
-    """Fix every tensor's storage, then let each backend prepare its nodes' calls."""
+    """Fix every tensor's storage, then let each backend prepare its calls: one per run of
+    consecutive nodes for a backend with :meth:`Backend.prepare_run`, else one per node."""
     seen: set[int] = set()
     for _, node in p.steps:
         for t in (node, *node.src):
             if t is not None and id(t.base) not in seen:
                 seen.add(id(t.base))
                 p.bindings.append((t.base, t.storage()))
-    for (fn, node), be in zip(p.steps, owners):
+    p.runs = []
+    readers: _Readers | None = None
+    i = 0
+    while i < len(p.steps):
+        be = owners[i]
+        if type(be).prepare_run is not Backend.prepare_run:
+            end = i
+            while end < len(p.steps) and owners[end] is be:
+                end += 1
+            readers = readers or _Readers(p)
+            run = NodeRun(tuple(node for _, node in p.steps[i:end]), readers.internal(i, end))
+            try:
+                call = be.prepare_run(run)
+            except Unsupported:
+                call = None
+            if call is not None:
+                p.calls.append(call)
+                p.runs.append(run)
+                i = end
+                continue
+            for fn, node in p.steps[i:end]:
+                p.calls.append(be.prepare(node) or partial(fn, node))
+            i = end
+            continue
+        fn, node = p.steps[i]
         p.calls.append(be.prepare(node) or partial(fn, node))
+        i += 1
+
+
+class _Readers:
+    """Who reads each result of a plan, to tell a run which of its results Prism never reads."""
+
+    def __init__(self, p: Plan) -> None:
+        self.steps = p.steps
+        self.span: dict[int, tuple[int, int]] = {}  # id(storage owner) -> (first, last) step reading it
+        for k, (_, node) in enumerate(p.steps):
+            for s in node.src:
+                if s is not None:
+                    self.span[id(s.base)] = (self.span.get(id(s.base), (k, k))[0], k)
+        g = p.graph
+        self.kept = {id(t.base) for t in (*g.nodes, *g.leafs) if t.flags & _PROTECTED_FLAGS}
+        self.kept |= {id(t.base) for t in (*g.grads.values(), *g.grad_accs.values())}
+
+    def internal(self, start: int, end: int) -> frozenset[int]:
+        """The results of steps ``start..end-1`` that only those steps read (see :class:`NodeRun`)."""
+        found = set()
+        for _, node in self.steps[start:end]:
+            span = self.span.get(id(node))
+            if (node.view_src is None and id(node) not in self.kept and span is not None
+                    and start <= span[0] and span[1] < end):
+                found.add(id(node))
+        return frozenset(found)
 
 
 def plan(graph: Graph | Tensor, backend: Backend | str | None = None, *, strict: bool = False,

@@ -65,6 +65,14 @@ def refused(cls: type[Exception], match: str, ctx: pc.Context,
     assert snapshot(ctx, graph) == before, "a refused call changed the context or the graph"
 
 
+def available_backend(name: str) -> str:
+    """name, or the test skipped with why that backend is unavailable here."""
+    info = next((i for i in pc.backends() if i.name == name), None)
+    if info is None or not info.available:
+        pytest.skip(f"{name} unavailable here: {info.reason if info else 'not registered'}")
+    return name
+
+
 def reads_block_types(case) -> bool:
     """Whether a conformance case's node reads or writes a block (quantized) type."""
     out = case.build(pc.Context(), np.random.default_rng(0)).out
@@ -83,3 +91,10 @@ def write_plugin(root, module: str, source: str, *, entry: str | None = None, di
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[{pc.plugin.registry.ENTRY_POINT_GROUP}]\n{entry or module} = {module}\n")
+
+
+def default_sigint() -> None:
+    """A ``preexec_fn`` giving a child Ctrl-C's default handling: a test of what Ctrl-C does must not
+    inherit SIGINT ignored (as a shell's background jobs have it), or Python never sees the signal."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

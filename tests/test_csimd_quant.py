@@ -672,3 +672,25 @@ def test_lora_gradient_through_frozen_quantized_weight(cs, t):
         grads[name] = [g.grad(p).numpy().astype(np.float64) for p in (x, lo_a, lo_b)]
     for ref, got in zip(grads["numpy"], grads["csimd"]):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("wt", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K])
+def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
+    """Up to 16 activation rows (csrc QM_DIRECT: batched decoding, where Q4_0/Q5_0/Q8_0 take two rows per
+    pass), each row's products are bit for bit those of that row alone, whatever rows share the call;
+    expected values: the single-row calls."""
+    if "csimd" not in {b.name for b in pc.backends() if b.available}:
+        pytest.skip("the csimd extension is not built")
+    rng = np.random.default_rng(5)
+    k, m = 512, 36  # 36 weight rows: passes of 4 and a remainder; K = 4 * 128
+    ctx = pc.Context(mem_size=1 << 26)
+    w = ctx.from_numpy(rng.standard_normal((m, k)).astype(np.float32), type=wt)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+
+    def product(rows: np.ndarray) -> np.ndarray:
+        y = pc.mul_mat(w, ctx.from_numpy(rows))
+        pc.compute(y, "csimd")
+        return y.numpy().reshape(-1, m).copy()
+    alone = np.concatenate([product(x[i:i + 1]) for i in range(16)])
+    for n in (2, 3, 5, 8, 16):
+        np.testing.assert_array_equal(product(x[:n]), alone[:n], err_msg=f"{n} rows")

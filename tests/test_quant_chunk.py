@@ -84,12 +84,12 @@ def _check(key: str, t: str, got_of) -> None:
 @pytest.mark.parametrize("csimd_isa", ISAS, indirect=True)
 @pytest.mark.parametrize("key,t", _cases(TYPES), ids=lambda v: str(v))
 def test_c_quantize_chunk_equals_ggml(csimd_isa, key, t):
-    _check(key, t, lambda x, typ, w: quant.quantize_chunk(x, typ, w))
+    _check(key, t, lambda x, typ, w: quant.quantize_chunk(x, typ, w, overflow="ggml"))
 
 
 @pytest.mark.parametrize("key,t", _cases([t for t in TYPES if t not in GRID]), ids=lambda v: str(v))
 def test_numpy_quantize_chunk_equals_ggml(numpy_only, key, t):
-    _check(key, t, lambda x, typ, w: quant.quantize_chunk(x, typ, w))
+    _check(key, t, lambda x, typ, w: quant.quantize_chunk(x, typ, w, overflow="ggml"))
 
 
 def test_c_batches_rows_as_one_chunk():
@@ -110,7 +110,7 @@ def test_c_reference_of_the_lattice_formats(t):
     if not _csimd_available():
         pytest.skip("csimd unavailable here")
     x = REF_GOLDEN["x"]
-    assert np.array_equal(quant.quantize(x, _gtype(t)), GOLDEN[f"c_{t}"])
+    assert np.array_equal(quant.quantize(x, _gtype(t), overflow="ggml"), GOLDEN[f"c_{t}"])
 
 
 def test_lattice_formats_without_c_are_refused(numpy_only):
@@ -159,13 +159,13 @@ def test_iq4_nl_reference_zero_blocks_repeat_the_previous_block(backend, monkeyp
         pytest.skip("csimd unavailable here")
     monkeypatch.setenv(quant.ENV_QUANT, backend)
     x = _zero_block_rows()
-    q = quant.quantize(x, G.IQ4_NL).reshape(3, 8, 18)
+    q = quant.quantize(x, G.IQ4_NL, overflow="ggml").reshape(3, 8, 18)
     assert (q[0, 0, 2:] == 0x88).all() and (q[0, 0, :2] == 0).all()
     assert np.array_equal(q[1, 2, 2:], q[1, 1, 2:]) and np.array_equal(q[1, 3, 2:], q[1, 1, 2:])
     assert (q[1, 2, :2] == 0).all() and not (q[1, 1, 2:] == 0x88).all()
     assert (q[2, :, 2:] == 0x88).all()
     gx, gq = REF_GOLDEN["x"], REF_GOLDEN["q_iq4_nl"].reshape(-1, 8, 18)
-    mine = quant.quantize(gx, G.IQ4_NL).reshape(-1, 8, 18)
+    mine = quant.quantize(gx, G.IQ4_NL, overflow="ggml").reshape(-1, 8, 18)
     zero = np.abs(gx.reshape(-1, 8, 32)).max(axis=2) < 1e-15
     undefined = np.cumprod(zero, axis=1).astype(bool)  # zero blocks with no non-zero one before them in the row
     assert undefined.any() and (zero & ~undefined).sum() >= 5  # the data hold both kinds
@@ -201,7 +201,7 @@ def test_sanitized_build_quantizes_clean(tmp_path):
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "import test_quant_chunk as t\n"
         "for key, typ in t._cases(t.TYPES):\n"
-        "    t._check(key, typ, lambda x, g, w: t.quant.quantize_chunk(x, g, w))\n"
+        "    t._check(key, typ, lambda x, g, w: t.quant.quantize_chunk(x, g, w, overflow='ggml'))\n"
         "print('ok')\n")
     for isa in _cpu_isas() if os.environ.get("PRISM_FULL_SWEEP") == "1" else [None]:
         if isa is not None:

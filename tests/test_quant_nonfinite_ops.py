@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from helpers import available_backend
 
 import prism_core as pc
 from prism_core.errors import InvalidArgument
@@ -22,10 +23,7 @@ BAD_ROW, BAD_COL = 2, 37
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
-    info = next((i for i in pc.backends() if i.name == request.param), None)
-    if info is None or not info.available:
-        pytest.skip(f"{request.param} unavailable here: {info.reason if info else 'not registered'}")
-    return request.param
+    return available_backend(request.param)
 
 
 def _rows(bad: float) -> np.ndarray:

@@ -260,6 +260,28 @@ def test_refusals_before_anything_is_written(models, tmp_path):
     assert dst.exists()
 
 
+def test_a_weight_too_large_for_its_blocks_is_refused_naming_the_tensor(models, tmp_path):
+    """A value whose Q8_0 block scale would overflow F16 (amax / 127 >= 65520) stops the run naming the
+    tensor and block; the output never appears (docs/quantize.md)."""
+    import shutil
+
+    import gguf
+    _, paths = models
+    src = tmp_path / "huge.gguf"
+    shutil.copy(paths["llama-f32"][0], src)
+    t = next(t for t in gguf.GGUFReader(src).tensors if t.name == "blk.0.attn_k.weight")
+    data = np.memmap(src, np.float32, "r+", offset=int(t.data_offset), shape=(int(t.n_elements),))
+    data[40] = 127 * 65520.0  # row 0, block 1 (columns 32..63)
+    data.flush()
+    del data
+    dst = tmp_path / "out.gguf"
+    want = (r"quantize: blk\.0\.attn_k\.weight \(its rows counted from 0\): quantizing to q8_0: row 0 "
+            r"\(index \(0,\)\), block 1 \(columns 32\.\.63\) holds a value of magnitude 8\.32104e\+06")
+    with pytest.raises(InvalidArgument, match=want):
+        quantize_model(src, dst, "Q8_0")
+    assert not dst.exists() and not Path(f"{dst}.partial").exists()
+
+
 def test_metadata_of_the_output(models, tmp_path, monkeypatch):
     dst = _run(models, "gemma3-f16", "Q5_K_M+im", tmp_path, monkeypatch)
     with pc.gguf.load(dst) as f:

@@ -335,31 +335,53 @@ def test_env_var_naming_an_unavailable_backend(plugins, monkeypatch):
 
 
 def test_default_is_the_highest_priority_available_backend(plugins):
-    unavailable = '''
-        def availability(self):
-            return False, "no device"
-        '''
-    plugins.add("prism_test_prio_low", backend_source("low", 1))
-    plugins.add("prism_test_prio_high", backend_source("high", 20))
-    plugins.add("prism_test_prio_top", backend_source("top", 30, extra=unavailable))
-    assert [i.name for i in pc.backends()] == ["top", "high", "numpy", "low"]
-    assert pc.backend().name == "high"  # "top" ranks first but is unavailable
-    assert pc.REGISTRY.reference().name == "numpy"  # the reference is found by flag, not by rank
+    low, high = (_inproc_module(f"prism_test_prio_{n}", n, p) for n, p in (("low", 1), ("high", 20)))
+    top = _inproc_module("prism_test_prio_top", "top", 30, unavailable="no device")
+    for m in (low, high, top):
+        pc.REGISTRY.register(m)
+    try:
+        assert [i.name for i in pc.backends()] == ["top", "high", "numpy", "low"]
+        assert pc.backend().name == "high"  # "top" ranks first but is unavailable
+        assert pc.REGISTRY.reference().name == "numpy"  # the reference is found by flag, not by rank
+    finally:
+        for m in (low, high, top):
+            pc.REGISTRY.unregister(m.__name__)
+
+
+def test_an_installed_third_party_backend_is_the_default_only_when_named(plugins, monkeypatch):
+    plugins.add("prism_test_prio_installed", backend_source("installed", 90))
+    assert [i.name for i in pc.backends()][:2] == ["installed", "numpy"]  # ranked first when listed
+    assert plugins.info("installed").available and plugins.info("installed").installed
+    assert pc.backend().name == "numpy"  # but the default is chosen among the built-ins (and in-process plugins)
+    assert [i.name for i in pc.REGISTRY.candidates()] == ["numpy"]
+    monkeypatch.setenv("PRISM_BACKEND", "installed")
+    assert pc.backend().name == "installed"  # named, it is used
+    monkeypatch.delenv("PRISM_BACKEND")
+    with pc.using_backend("installed"):
+        assert pc.backend().name == "installed"
 
 
 def test_equal_priorities_break_ties_by_name(plugins):
     plugins.add("prism_test_tie_b", backend_source("beta", 40))
     plugins.add("prism_test_tie_a", backend_source("alpha", 40))
     assert [i.name for i in pc.backends()][:2] == ["alpha", "beta"]
-    assert pc.backend().name == "alpha"
+    mods = [_inproc_module(f"prism_test_tie_{n}", n, 40) for n in ("delta", "gamma")]
+    for m in mods:
+        pc.REGISTRY.register(m)
+    try:
+        assert pc.backend().name == "delta"
+    finally:
+        for m in mods:
+            pc.REGISTRY.unregister(m.__name__)
 
 
 # ---------------------------------------------------------------- in-process registration
-def _inproc_module(name: str, backend_name: str, priority: int = 15) -> types.ModuleType:
+def _inproc_module(name: str, backend_name: str, priority: int = 15, unavailable: str = "") -> types.ModuleType:
     mod = types.ModuleType(name)
 
     class InProc(pc.Backend):
-        pass
+        def availability(self):
+            return not unavailable, unavailable
 
     InProc.name = backend_name
     InProc.priority = priority
@@ -573,10 +595,114 @@ def test_selecting_one_backend_asks_only_that_one_and_caches(plugins):
     assert pc.backend("lazy_low").name == "lazy_low"
     assert pc.backend("lazy_low").name == "lazy_low"
     assert asked == ["lazy_low"]  # once, then cached
-    assert pc.backend().name == "lazy_high"  # the default asks best first and stops at the first available
-    assert asked == ["lazy_low", "lazy_high"]
-    pc.backends()  # listing everything asks the rest (here: no one is left), each once
+    assert pc.backend().name == "numpy"  # the default asks no installed third party's backend
+    assert asked == ["lazy_low"]
+    pc.backends()  # listing everything asks the rest, each once
     assert asked == ["lazy_low", "lazy_high"]
     pc.REGISTRY.reset()  # a reset forgets the cache
     plugins.info("lazy_low")
     assert asked[-1] == "lazy_low"
+
+
+# ---------------------------------------------------------------- third-party plugins are kept at arm's length
+def _own_entry_points() -> set[str]:
+    """The prism.backends entry points this distribution declares, read from its pyproject.toml."""
+    import tomllib
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    return set(project["entry-points"][pc.plugin.registry.ENTRY_POINT_GROUP])
+
+
+def test_the_built_ins_are_this_distributions_entry_points_ggml_included():
+    from prism_core.plugin.registry import ENTRY_POINT_GROUP, entry_points, is_built_in
+    own = _own_entry_points()
+    assert "ggml" in own  # prism_ggml lives in backends/ and is ours, registered like a third party's
+    assert {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if is_built_in(ep)} == own
+
+
+@pytest.mark.parametrize("dist", ["numpy-impostor", "prism-tensor"])
+def test_selecting_a_built_in_imports_no_third_party_plugin(plugins, dist):
+    plugins.add("prism_test_untouched", IMPOSTOR.format(name="numpy", ref=True), entry="numpy", dist=dist)
+    plugins.add("prism_test_untouched2", ADDONLY, entry="addonly")
+    (ep,) = [ep for ep in pc.plugin.registry.entry_points(group="prism.backends") if ep.value == "prism_test_untouched"]
+    assert not pc.plugin.registry.is_built_in(ep)  # a distribution taking our name is still a third party
+    assert pc.backend("numpy").name == "numpy" and pc.REGISTRY.reference().name == "numpy"
+    assert pc.backend().name == "numpy"  # the default too
+    assert "prism_test_untouched" not in sys.modules and "prism_test_untouched2" not in sys.modules
+    assert pc.backend("addonly").name == "addonly"  # naming a third party's backend loads the plugins
+    assert "prism_test_untouched2" in sys.modules
+
+
+def test_system_exit_from_a_hook_or_availability_is_the_plugins_fault(plugins):
+    plugins.add("prism_test_hook_exits", backend_source("never2", returns="exit(3)"))
+    plugins.add("prism_test_avail_exits", backend_source("exits_on_ask", extra='''
+        def availability(self):
+            raise SystemExit(4)
+        '''))
+    (broken,) = plugins.broken("prism_test_hook_exits")
+    assert broken.reason == "prism_register_backends raised SystemExit: 3"
+    info = plugins.info("exits_on_ask")
+    assert (info.available, info.reason) == (False, "availability check raised SystemExit: 4")
+    with pytest.raises(BackendUnavailable, match="availability check raised SystemExit: 4"):
+        pc.backend("exits_on_ask")
+
+
+@pytest.mark.parametrize("raised, caught", [("SystemExit(3)", True), ("GeneratorExit()", True),
+                                            ("KeyboardInterrupt()", False)])
+def test_an_import_raising_any_base_exception_but_ctrl_c_is_a_broken_plugin(plugins, monkeypatch, raised, caught):
+    # in-process (as in a probe process, where the import runs in-process): no probe in between
+    monkeypatch.setattr(pc.REGISTRY, "sandboxed", True)
+    plugins.add("prism_test_raises_base", f"raise {raised}\n", entry="base")
+    if not caught:
+        with pytest.raises(KeyboardInterrupt):
+            pc.backends()
+        return
+    (broken,) = plugins.broken("prism_test_raises_base")
+    assert broken.reason == f"import failed: {raised.split('(')[0]}: {'3' if 'SystemExit' in raised else ''}"
+    assert pc.backend().name == "numpy"
+
+
+def test_an_import_raising_system_exit_is_reported_by_the_probe(plugins):
+    where = plugins.root / "imported_by"
+    plugins.add("prism_test_probe_exits", f"import os\nopen({str(where)!r}, 'a').write(f'{{os.getpid()}} ')\n"
+                                          "raise SystemExit(3)\n", entry="probed")
+    (broken,) = plugins.broken("prism_test_probe_exits")
+    assert broken.reason == "import failed: SystemExit: 3"
+    pids = [int(p) for p in where.read_text().split()]
+    assert len(pids) == 1 and pids[0] != os.getpid()  # found out in the probe process, never tried here
+
+
+TWO_BACKENDS = '''
+import time
+import prism_core as pc
+
+
+class Hangs(pc.Backend):
+    name = "asks_forever"
+
+    def availability(self):
+        time.sleep(600)  # far past the probe's limit: a hang, whatever the machine's speed
+        return True, ""
+
+
+class Fine(pc.Backend):
+    name = "asks_fine"
+
+
+@pc.hookimpl
+def prism_register_backends():
+    return [Hangs(), Fine()]
+'''
+
+
+def test_an_availability_that_hangs_in_the_probe_leaves_the_plugins_other_backends(plugins, monkeypatch):
+    monkeypatch.setenv("PRISM_PLUGIN_TIMEOUT", "10")  # generous for a healthy step, which takes milliseconds
+    plugins.add("prism_test_two_backends", TWO_BACKENDS)
+    hung = plugins.info("asks_forever")  # never asked here: this would not return for 600 s
+    assert not hung.available
+    assert hung.reason.startswith("availability() TIMEOUT: did not finish within 10 s; it hung at ")
+    assert "prism_test_two_backends.py" in hung.reason
+    assert plugins.info("asks_fine").available and pc.backend("asks_fine").name == "asks_fine"
+    with pytest.raises(BackendUnavailable, match=r"^backend 'asks_forever' is unavailable: availability\(\) TIMEOUT"):
+        pc.backend("asks_forever")
+    assert plugins.broken("prism_test_two_backends") == []  # unavailable, not broken

@@ -114,6 +114,20 @@ def test_completions_greedy_equal_generate_streaming_or_not(server, tiny):
     assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
 
 
+def test_concurrent_requests_are_batched_and_each_equals_generate(server, tiny):
+    """Four clients at once on two slots: each greedy completion is that prompt's model.generate output."""
+    from concurrent.futures import ThreadPoolExecutor
+    prompts = ["the cat", "a dog sat", "hi there", "tea"]
+    want = [_greedy(tiny[1], p, 10)[0] for p in prompts]
+    c = server.client()
+
+    def ask(p):
+        return c.completions.create(model="tiny.gguf", prompt=p, max_tokens=10, temperature=0).choices[0].text
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(ask, prompts)) == want
+    assert server.health()["kv_cells_used"] == 0
+
+
 def test_chat_renders_the_files_template(server, tiny):
     want, n_prompt, n_gen = _greedy(tiny[1], "user hi there model ", 10)
     c = server.client()
@@ -215,10 +229,11 @@ def test_queue_full_is_503_and_a_disconnect_frees_its_slot(gemma3_path):
             busy = httpx.post(s.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
             assert busy.status_code == 503 and busy.headers["Retry-After"] == "1"
             assert busy.json()["error"]["message"]
-        # the client closed mid-stream (99 tokens to go, each seconds): the slot is idle well before that
+        # the client closed mid-stream (99 tokens to go, each seconds): the slot is idle well before that, and
+        # the engine let go of the request's cells (at its next step)
         deadline = time.monotonic() + 60
-        while s.health()["slots_processing"]:
-            assert time.monotonic() < deadline, "the disconnected request still holds its slot"
+        while (h := s.health())["slots_processing"] or h["kv_cells_used"]:
+            assert time.monotonic() < deadline, f"the disconnected request still holds its slot or cells: {h}"
             time.sleep(0.2)
     finally:
         s.stop()

@@ -70,6 +70,40 @@ def test_spm_cut_changes_nothing(text):
     assert cut == model._encode_chunk(escaped)
 
 
+def spm_by_scanning(scores: dict[str, float], text: str) -> list[str]:
+    """llama.cpp's SPM merge order written plainly (quadratic): merge the adjacent pair whose text is the
+    best-scoring token, the leftmost of equal scores, until no pair is a token."""
+    pieces = list(text)
+    while True:
+        best = None
+        for i in range(len(pieces) - 1):
+            cat = pieces[i] + pieces[i + 1]
+            if cat in scores and (best is None or scores[cat] > scores[pieces[best] + pieces[best + 1]]):
+                best = i
+        if best is None:
+            return pieces
+        pieces[best:best + 2] = [pieces[best] + pieces[best + 1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab\u2581", max_size=60))
+def test_spm_queue_merges_as_a_plain_scan(text):
+    """The merge queue (one heap of packed ints) gives the pieces of the plain scan, ties included:
+    several tokens share a score here, so the leftmost rule decides."""
+    extra = {"aa": -1.0, "ba": -1.0, "aaa": -0.5, "aab": -1.0, "bab": -0.1, "\u2581b": -2.0,
+             "\u2581\u2581": -0.2, "a\u2581": -1.0, "aaaa": -0.5, "\u2581aa": -0.1}
+    meta = spm_meta()
+    meta[K + "tokens"] = [*meta[K + "tokens"], *extra]
+    meta[K + "scores"] = np.append(meta[K + "scores"], np.array(list(extra.values()), np.float32))
+    meta[K + "token_type"] = np.append(meta[K + "token_type"], [NORMAL] * len(extra)).astype(np.int32)
+    tok = from_metadata(meta)
+    if not text:
+        return
+    scores = {t: float(np.float32(sc)) for t, sc in zip(meta[K + "tokens"], meta[K + "scores"])}
+    expect = [tok.vocab.token_to_id[p] for p in spm_by_scanning(scores, text)]
+    assert tok._model._encode_chunk(text) == expect
+
+
 def test_spm_decode():
     tok = from_metadata(spm_meta())
     assert tok.decode([10, 12]) == "abb"  # the first piece's space prefix is dropped
@@ -401,3 +435,40 @@ def test_gemma3_prompt():
     assert tok.decode(ids, special=False) == "The capital of France is"
     with pytest.raises(PrismError):
         tok.decode([262144])
+
+
+# --- pathological input: text with no space to cut at -------------------------------------------------
+def unbroken(n: int) -> str:
+    rng = np.random.default_rng(0)
+    return "".join(np.array(list("abcdefghijklmnopqrstuvwxyz"))[rng.integers(0, 26, n)])
+
+
+def test_unbroken_text_costs_heap_work_linear_in_its_length():
+    """1 MiB without a space is one merge queue. Its work is counted, not timed: the first pairs are at
+    most n - 1 entries, each merge queues at most two more and removes a piece (at most n - 1 merges), and
+    every entry is popped once, so at most 6n heap operations; the cost per operation is log n. From 64 KiB
+    to 1 MiB (16x) the count must grow about 16x, where a quadratic method would grow 256x."""
+    tok = from_gguf(gemma3_path())
+    ops = {}
+    for n in (1 << 16, 1 << 20):
+        model = tok._model
+        model.heap_ops = 0
+        ids = tok.encode(unbroken(n), add_special=False)
+        assert 0 < len(ids) <= n
+        ops[n] = model.heap_ops
+        assert n <= ops[n] <= 6 * n, (n, ops[n])  # every character is at least one first pair or a piece
+    assert 14 <= ops[1 << 20] / ops[1 << 16] <= 18, ops
+
+
+def test_bpe_word_without_a_break_costs_heap_work_linear_in_its_length():
+    """The same for BPE: one pre-tokenized word as long as the text (letters match one \\p{L}+ run)."""
+    tok = from_metadata(bpe_meta(["a b", "\u0120 a", "\u0120a b"]))
+    ops = {}
+    for n in (1 << 16, 1 << 20):
+        tok._model.heap_ops = 0
+        text = "".join(np.array(["a", "b"])[np.random.default_rng(1).integers(0, 2, n)])
+        ids = tok.encode(text, add_special=False)
+        assert len(ids) == n - text.count("ab")  # each "ab" merges into one token, the rest stay single
+        ops[n] = tok._model.heap_ops
+        assert ops[n] <= 6 * n, (n, ops[n])
+    assert 14 <= ops[1 << 20] / ops[1 << 16] <= 18, ops

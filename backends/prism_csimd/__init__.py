@@ -173,6 +173,7 @@ class CsimdBackend(prism_core.Backend):
     name = "csimd"
     priority = 60  # the default where it builds: fastest in every benchmark section but tiny-node dispatch
     kernels = KERNELS
+    activation_precision = "q8"  # block-weight products quantize the activations to the vec_dot type, as ggml
     block_types = prism_core.ops.table.QUANTIZED  # every block type the table holds (csrc/csimd_quant*.h)
 
     @property

@@ -12,8 +12,9 @@ for float operands. Block-type tensors reach C as descriptors of type ``CSIMD_QB
 * CPY/SET_ROWS into a block type, ADD with a quantized a: ggml's reference quantizer (as the
   reference backend stores block types), so the bytes equal the reference's; every type the op
   table writes has one in C (a type added to the table without one is refused with the reason).
-  A NaN or inf among the floats to quantize is refused as the reference refuses it, with the
-  destination untouched: the C kernel checks them all before writing (``Q_NONFINITE``).
+  A NaN or inf among the floats to quantize, or a block whose scale would overflow F16, is refused
+  as the reference refuses it, with the destination untouched: the C kernel checks them all before
+  writing (``Q_UNQUANTIZABLE``) and prism_core.quant names the row and block.
 * OUT_PROD with a quantized a: a dequantized once, then the F32 kernel.
 """
 
@@ -36,7 +37,7 @@ from .kernels import FLOATS, INDICES, ONLY_F32, _check, _lib, _nth, _state, desc
 G = GGMLType
 QBASE = 64  # csrc/csimd.h: CSIMD_QBASE
 REFERENCE = 1  # csimd_q_quantize's mode: ggml's reference quantizer (mode 0: its CPU from_float)
-NONFINITE = -3  # csrc/csimd_quant_api.h: Q_NONFINITE, a value to quantize was NaN or inf (nothing written)
+UNQUANTIZABLE = -3  # csrc/csimd_quant_api.h: Q_UNQUANTIZABLE, a NaN/inf or an overflowing block scale (nothing written)
 
 # block types csrc/csimd_quant.h can write (ggml's reference quantizers, the searching ones of Q2_K..Q6_K,
 # IQ4_NL and IQ4_XS included: csrc/csimd_quantize_k3iq4.h): any other type the op table writes is refused
@@ -46,11 +47,12 @@ C_QUANTIZERS = frozenset({G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q8_1, G.Q8_K
 C_WRITABLE = QUANT_WRITABLE & C_QUANTIZERS
 
 def _check_quantized(rc: int, n: Tensor, what: str, rows: Callable[[], np.ndarray]) -> None:
-    """_check, and for Q_NONFINITE the reference's error naming the value: prism_core.quant checks the
-    float rows C refused (only on this error path are they gathered in NumPy) before quantizing them."""
-    if rc == NONFINITE:
+    """_check, and for Q_UNQUANTIZABLE the reference's error naming the row: prism_core.quant checks the
+    float rows C refused (only on this error path are they gathered in NumPy) as it quantizes them."""
+    if rc == UNQUANTIZABLE:
         quantize(rows(), n.type)
-        raise InvalidArgument(f"{what}: a value to quantize to {n.traits.name} is NaN or inf")  # C saw one, NumPy not
+        raise InvalidArgument(f"{what}: a value to quantize to {n.traits.name} is NaN or inf, or a block's scale "
+                              "overflows")  # C saw one, NumPy not
     _check(rc, what)
 
 

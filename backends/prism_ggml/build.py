@@ -14,7 +14,7 @@ from typing import Any
 
 from prism_core import Tensor
 from prism_core.errors import Unsupported
-from prism_core.ops.codes import GluOp, Op, UnaryOp
+from prism_core.ops.codes import GluOp, UnaryOp
 from prism_core.types import GGMLType
 
 _mod: list[Any] = []
@@ -280,51 +280,73 @@ def _repeat(n, g, ctx, s):
     return getattr(g, f"ggml_{n.opdef.key.lower()}")(ctx, s[0], s[1])
 
 
-# ---------------------------------------------------------------- the graph of one node
-_GRAPH_SIZE = 16
+# ---------------------------------------------------------------- graphs of one node or of a run
+def _context(g, n_tensors: int, graph_size: int):
+    size = g.ggml_tensor_overhead() * n_tensors + g.ggml_graph_overhead_custom(graph_size, False) + 1024
+    return g.ggml_init(g.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
 
 
-def node_graph(node: Tensor, *, with_data: bool) -> Built:
-    """Build ``node`` with ggml's builder over leaf tensors of its sources; with ``with_data`` the
-    tensors point at Prism's host memory and a one-node graph is made to compute it. Unsupported
-    when ggml would build something else (other type, shape or strides)."""
-    g = ggml_module()
+def _build(g, ctx, node: Tensor, leaf: Callable[[Tensor], Any], keep: list | None) -> Any:
+    """``node`` built by ggml's builder over ``leaf(source)`` tensors, its result pointed at the node's
+    memory when ``keep`` is given (else left without data). Unsupported when ggml would build
+    something else (other type, shape or strides)."""
     build = BUILDERS.get(node.opdef.key) if node.opdef is not None else None
     if build is None:
         raise Unsupported("no ggml builder for this op")
-    if node.opdef.op == Op.UNARY and node.opdef.key not in BUILDERS:
-        raise Unsupported("no ggml builder for this op")
-    size = g.ggml_tensor_overhead() * (len(node.src) + 8) + g.ggml_graph_overhead_custom(_GRAPH_SIZE, False) + 1024
-    ctx = g.ggml_init(g.ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
-    built = Built(ctx, None)
+    for t in (node, *node.src):
+        if t is not None and t.nelements == 0:
+            raise Unsupported("an empty tensor")
+    out = build(node, g, ctx, [None if t is None else leaf(t) for t in node.src])
+    if not out:
+        raise Unsupported("ggml's builder returned NULL")
+    c = out.contents
+    if c.type != int(node.type):
+        raise Unsupported(f"ggml's result would be of type {c.type}, the node's is {node.type.name}")
+    if tuple(c.ne) != tuple(node.ne):
+        raise Unsupported(f"ggml's result would have extents {tuple(c.ne)}, the node's {node.ne}")
+    if c.view_src:  # a view of a source (CPY, SET_ROWS): it must be the node's memory
+        if tuple(c.nb) != tuple(node.nb):
+            raise Unsupported("ggml's result view has other strides than the node")
+        if keep is not None and c.data != _address(node, keep):
+            raise Unsupported("ggml's result view is not the node's memory")
+    else:
+        if tuple(c.nb) != tuple(node.nb):
+            raise Unsupported("the node's strides are not ggml's contiguous result")
+        if keep is not None:
+            c.data = _address(node, keep)
+    return out
+
+
+def node_graph(node: Tensor, *, with_data: bool) -> Built:
+    """``node`` built with ggml's builder over leaf tensors of its sources; with ``with_data`` the
+    tensors point at Prism's host memory and a one-node graph is made to compute it."""
+    return run_graph((node,), with_data=with_data)
+
+
+def run_graph(nodes: tuple[Tensor, ...], *, with_data: bool) -> Built:
+    """``nodes`` (computed in this order) as one ggml graph. Every source is a leaf over its Prism
+    memory, the result of an earlier node of the run included: ggml then computes each node exactly as
+    alone (its graph links no nodes, so nothing is fused or reordered), in one graph compute.
+    ``Built.out`` is the last node's ggml tensor."""
+    g = ggml_module()
+    n_srcs = sum(len(n.src) for n in nodes)
+    graph_size = len(nodes) + n_srcs + 16
+    built = Built(_context(g, 2 * len(nodes) + n_srcs + 8, graph_size), None)
+    keep = built.keep if with_data else None
+    leaves: dict[int, Any] = {}
+
+    def leaf(t: Tensor) -> Any:
+        x = leaves.get(id(t))
+        if x is None:
+            x = leaves[id(t)] = _leaf(g, built.ctx, t, with_data, built.keep)
+        return x
     try:
-        for t in (node, *node.src):
-            if t is not None and t.nelements == 0:
-                raise Unsupported("an empty tensor")
-        srcs = [None if t is None else _leaf(g, ctx, t, with_data, built.keep) for t in node.src]
-        out = build(node, g, ctx, srcs)
-        if not out:
-            raise Unsupported("ggml's builder returned NULL")
-        c = out.contents
-        if c.type != int(node.type):
-            raise Unsupported(f"ggml's result would be of type {c.type}, the node's is {node.type.name}")
-        if tuple(c.ne) != tuple(node.ne):
-            raise Unsupported(f"ggml's result would have extents {tuple(c.ne)}, the node's {node.ne}")
-        if c.view_src:  # a view of a source (CPY, SET_ROWS): it must be the node's memory
-            if tuple(c.nb) != tuple(node.nb):
-                raise Unsupported("ggml's result view has other strides than the node")
-            if with_data and c.data != _address(node, built.keep):
-                raise Unsupported("ggml's result view is not the node's memory")
-        else:
-            if tuple(c.nb) != tuple(node.nb):
-                raise Unsupported("the node's strides are not ggml's contiguous result")
-            if with_data:
-                c.data = _address(node, built.keep)
-        built.out = out
+        outs = [_build(g, built.ctx, n, leaf, keep) for n in nodes]
+        built.out = outs[-1]
         if with_data:
-            graph = g.ggml_new_graph_custom(ctx, _GRAPH_SIZE, False)
-            g.ggml_build_forward_expand(graph, out)
-            built.graph = graph
+            built.graph = g.ggml_new_graph_custom(built.ctx, graph_size, False)
+            for out in outs:
+                g.ggml_build_forward_expand(built.graph, out)
     except BaseException:
         built.free()
         raise

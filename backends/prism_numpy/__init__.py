@@ -20,6 +20,7 @@ class NumpyBackend(prism_core.Backend):
     priority = 10
     is_reference = True
     kernels = KERNELS
+    activation_precision = "f64"
     block_types = prism_core.ops.table.QUANTIZED  # every block type is dequantized exactly (float64)
 
     def prepare(self, node: prism_core.Tensor):

@@ -22,6 +22,14 @@ def seconds_arg(text: str) -> float:
     return x
 
 
+def timeout_arg(text: str) -> tuple[str | None, float]:
+    """``SECONDS`` (every backend) or ``BACKEND=SECONDS`` (that backend only): (name or None, seconds)."""
+    name, sep, value = text.rpartition("=")
+    if sep and not name.strip():
+        raise argparse.ArgumentTypeError(f"expected SECONDS or BACKEND=SECONDS, got {text!r}")
+    return (name.strip() or None), seconds_arg(value)
+
+
 def budget_arg(text: str) -> float:
     x = seconds_arg(text)
     if x == 0:

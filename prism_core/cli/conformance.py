@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..errors import InvalidArgument, PrismError
-from .args import budget_arg, int_at_least, jobs_arg, seconds_arg
+from .args import budget_arg, int_at_least, jobs_arg, timeout_arg
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,9 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "norm families): random shapes, types, strides/layouts and params")
     c.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of --random (default 0); "
                    "the same seed draws the same cases")
-    c.add_argument("--timeout", type=seconds_arg, default=None, metavar="SECONDS",
+    c.add_argument("--timeout", type=timeout_arg, action="append", default=None, metavar="[BACKEND=]SECONDS",
                    help="per-case limit (default 120; 0: none); a case over it is reported TIMEOUT, its worker "
-                        "is killed and a new one resumes after that op's cases")
+                        "is killed and a new one resumes after that op's cases. BACKEND=SECONDS sets it for "
+                        "that backend only (repeatable), e.g. a short limit for one suspected of hanging")
     c.add_argument("--budget", type=budget_arg, default=None, metavar="SECONDS",
                    help="overall limit of the run; when it runs out the workers are stopped and the cases "
                         "left are reported NOT RUN (the results so far are printed and reported)")
@@ -47,6 +48,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--case", action="append", metavar="ID",
                    help="re-run exactly this case (its id from a report's replay line) on --backend NAME, "
                         "in this process, printing its inputs, the expected and the actual output")
+    m = c.add_argument_group("model certification (--model)")
+    m.add_argument("--model", metavar="MODEL",
+                   help="certify the backends on this model (a GGUF path or a catalog name such as "
+                        "gemma3-270m) against the reference: teacher-forced logits, decode vs batch, greedy "
+                        "tokens, for each KV cache type; instead of the op suite")
+    m.add_argument("--prompts", type=int_at_least(1), default=None, metavar="N",
+                   help="the first N built-in prompts (default 3, at most 8)")
+    m.add_argument("--tokens", type=int_at_least(1), default=None, metavar="N",
+                   help="greedy tokens generated per prompt (default 4)")
+    m.add_argument("--cache-type", action="append", metavar="TYPE[,TYPE...]",
+                   help="KV cache types to certify (f16, f32, q8_0; default all three)")
+    m.add_argument("--reference-cache", metavar="DIR",
+                   help="where the reference's logits are kept between runs (default: $PRISM_CACHE_DIR or "
+                        "~/.cache/prism, reference-logits/; 'none': not kept)")
+    m.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the node-by-node sweep when every check passed (it runs on the first prompt "
+                        "otherwise, and always on a failure)")
     c.set_defaults(func=cmd_conformance)
 
 
@@ -56,8 +74,17 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     from ..conformance.workers import Suite, in_process_only, run_suite
     from ..ops.table import OPS, opdef
     from ..plugin.registry import REGISTRY, backend, backends
+    from .info import print_broken_plugins
     if args.case:
         return _replay(args)
+    if args.model is not None:
+        from .conformance_model import cmd_model_conformance
+        return cmd_model_conformance(args)
+    model_only = [f for f, v in (("--prompts", args.prompts), ("--tokens", args.tokens),
+                                 ("--cache-type", args.cache_type), ("--reference-cache", args.reference_cache),
+                                 ("--no-sweep", not args.sweep)) if v]
+    if model_only:
+        raise InvalidArgument(f"{', '.join(model_only)} certify a model: give --model MODEL with them")
     ops = [opdef(o).key for o in args.op] if args.op else list(OPS)
     require = [opdef(o.strip()).key for r in args.require or [] for o in r.split(",") if o.strip()]
     if args.mode == "grad":
@@ -72,6 +99,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
                 print(f"skipping {i.name}: unavailable ({i.reason})")
     else:
         names = list(dict.fromkeys(backend(n).name for n in args.backend))  # selecting asks only these
+    if not args.backend or "all" in args.backend or any(REGISTRY.info(n).installed for n in names):
+        # the third-party plugins were probed: say which ones failed
+        print_broken_plugins()
     if args.random is not None:
         from ..conformance.random_cases import RANDOM
         skipped = [k for k in ops if k not in RANDOM]
@@ -81,7 +111,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         ops = [k for k in ops if k in RANDOM]
     suite = Suite(mode=args.mode, ops=tuple(ops), random=args.random, seed=args.seed)
     cases = suite.cases()
-    timeout = DEFAULT_TIMEOUT if args.timeout is None else (args.timeout or None)
+    timeout, timeouts = _timeouts(args.timeout or [], names, DEFAULT_TIMEOUT)
     deadline = time.monotonic() + args.budget if args.budget else None
     local = names if args.in_process else in_process_only(names)
     for n in local if not args.in_process else ():
@@ -92,7 +122,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         print(f"prism: {text}", file=sys.stderr, flush=True)
     stream = _Stream(cases, len(names), rows=not args.quiet)
     with stream:
-        outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, budget=args.budget,
+        outcome = run_suite([n for n in names if n not in local], suite, timeout=timeout, timeouts=timeouts,
+                            budget=args.budget,
                             jobs=args.jobs, on_event=event, cases=cases, on_result=stream)
     interrupted, out_of_budget = outcome.interrupted, outcome.out_of_budget
     results = {}
@@ -109,7 +140,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             try:
                 runner = run_grad if args.mode == "grad" else run
                 with stream:
-                    runner(backend(name), cases, timeout=timeout, progress=got, deadline=deadline)
+                    runner(backend(name), cases, timeout=timeouts.get(name, timeout), progress=got,
+                           deadline=deadline)
             except KeyboardInterrupt:
                 interrupted = True
         why = "not run: interrupted" if interrupted else "not run: the overall budget ran out"
@@ -131,7 +163,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         for name in names:
             i = REGISTRY.info(name)
             meta[name] = {"version": i.version, "plugin": i.plugin, "interface_version": i.interface_version,
-                          "priority": i.priority, "reference": bool(i.backend.is_reference)}
+                          "priority": i.priority, "reference": bool(i.backend.is_reference),
+                          "timeout_s": timeouts.get(name, timeout)}
         run_info = {"timeout_s": timeout, "budget_s": args.budget, "jobs": args.jobs,
                     "isolation": "in-process" if args.in_process else "process", "complete": not incomplete}
         if incomplete:
@@ -157,6 +190,23 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 0 if certified else 1
+
+
+def _timeouts(given: list[tuple[str | None, float]], names: list[str],
+              default: float) -> tuple[float | None, dict[str, float | None]]:
+    """``--timeout`` values as (the limit of every backend, {backend: its own limit}); 0 is no
+    limit (None). The last value for a backend (or for all) wins."""
+    every: float | None = default
+    own: dict[str, float | None] = {}
+    for name, seconds in given:
+        if name is None:
+            every = seconds or None
+            continue
+        if name not in names:
+            raise InvalidArgument(f"--timeout {name}={seconds:g}: backend {name!r} is not in this run "
+                                  f"(running: {', '.join(names)})")
+        own[name] = seconds or None
+    return every, own
 
 
 class _Stream:

@@ -17,7 +17,8 @@ def add_parser(sub) -> None:
     r.add_argument("model", help="a GGUF file, or a known model name: gemma3-270m")
     r.add_argument("--host", default="127.0.0.1", help="address to listen on")
     r.add_argument("--port", type=int_at_least(0), default=8080, help="port (0: any free one)")
-    r.add_argument("-np", "--parallel", type=int_at_least(1), default=1, help="requests computed at once (slots)")
+    r.add_argument("-np", "--parallel", type=int_at_least(1), default=1, help="requests computed at once, batched "
+                   "(slots)")
     r.add_argument("--queue", type=int_at_least(0), default=16,
                    help="requests waiting for a slot; beyond, 503 with Retry-After")
     r.add_argument("-c", "--ctx-size", type=int_at_least(1), default=None,
@@ -40,13 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     from ..errors import PrismError
     from ..models import load
+    from ..models.engine import Engine
     from ..serve.app import Server, create_app
-    from ..serve.standin import Engine
     from ..serve.templates import for_model
     if args.threads is not None:
         os.environ[ENV_THREADS] = str(args.threads)
     try:
-        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size)
+        model = load(args.model, backend=args.backend, n_ctx=args.ctx_size, n_seq=args.parallel)
         template = for_model(model, args.chat_template)
     except PrismError as e:
         print(f"prism serve: {e}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
     pytest --pyargs prism_core.conformance --prism-backend NAME [--prism-op OP ...]
            [--prism-random N --prism-seed S] [--prism-timeout SECONDS] [--prism-in-process]
+    pytest --pyargs prism_core.conformance -k test_model --prism-backend NAME --prism-model MODEL
+           [--prism-prompts N] [--prism-cache-type TYPE ...] [--prism-reference-cache DIR]
 
 Any test that takes the ``prism_case`` (``prism_grad_case``) fixture is parametrised
 over the forward (gradient) cases and
@@ -17,6 +19,11 @@ fails that test as CRASHED and a new worker takes the next one; a hung case is k
 after the timeout and the rest of its op fails at once. Every test is independent of the
 others, so pytest-xdist (``-n auto``) spreads the suite over processes as usual.
 ``--prism-in-process`` computes in the test process instead (for debugging a kernel).
+
+``--prism-model`` certifies the backends on a model as ``prism conformance --model`` does: ``test_model``
+is parametrised over the cache types and built-in prompts, each test asserting the three checks of its
+prompt (a failure names the first node out of its op's bounds), in the test process. Without it the
+model tests are deselected.
 """
 
 from __future__ import annotations
@@ -41,6 +48,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="per-case time limit for the backend under test (default 120; 0: none)")
     group.addoption("--prism-in-process", action="store_true",
                     help="compute the cases in the test process (no protection from crashes and hangs)")
+    group.addoption("--prism-model", default=None, metavar="MODEL",
+                    help="certify the backends on this model (a GGUF path or a catalog name): test_model, one "
+                         "test per cache type and built-in prompt (prism conformance --model)")
+    group.addoption("--prism-prompts", type=int_at_least(1), default=None, metavar="N",
+                    help="with --prism-model: the first N built-in prompts (default 3)")
+    group.addoption("--prism-cache-type", action="append", default=[], metavar="TYPE",
+                    help="with --prism-model: KV cache types (f16, f32, q8_0; default all three)")
+    group.addoption("--prism-reference-cache", default=None, metavar="DIR",
+                    help="with --prism-model: where the reference's logits are kept ('none': not kept)")
 
 
 def _backend_names(config: pytest.Config) -> list[str]:
@@ -73,6 +89,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "prism_grad_case" in metafunc.fixturenames:
         cases = grad_suite(metafunc.config).cases()
         metafunc.parametrize("prism_grad_case", cases, ids=[c.name for c in cases])
+    if "prism_model_case" in metafunc.fixturenames:
+        cases = model_cases(metafunc.config)
+        metafunc.parametrize("prism_model_case", cases, ids=[f"{c}-prompt{i + 1}" for c, i in cases])
     if "prism_backend_name" in metafunc.fixturenames:
         names = _backend_names(metafunc.config)
         metafunc.parametrize("prism_backend_name", names, ids=names)
@@ -132,6 +151,34 @@ def prism_runner(request: pytest.FixtureRequest):
     runner.session.close()
 
 
+# ------------------------------------------------------------------ model certification (--prism-model)
+# The fixture prism_model_runner comes from prism_core.models.certify_pytest (entry point pytest11
+# prism_model): loading models is above this package.
+def model_cases(config: pytest.Config) -> list[tuple[str, int]]:
+    """(cache type, prompt index) of each test_model, from the --prism-model options ([] without a model)."""
+    from .model_cert import CACHE_TYPES, DEFAULT_PROMPTS, PROMPTS
+    if config.getoption("prism_model") is None:
+        return []
+    n = config.getoption("prism_prompts") or DEFAULT_PROMPTS
+    if n > len(PROMPTS):
+        raise pytest.UsageError(f"--prism-prompts: at most {len(PROMPTS)} (the built-in prompts), got {n}")
+    caches = list(dict.fromkeys(c.lower() for c in config.getoption("prism_cache_type"))) or list(CACHE_TYPES)
+    bad = [c for c in caches if c not in CACHE_TYPES]
+    if bad:
+        raise pytest.UsageError(f"--prism-cache-type: one of {', '.join(CACHE_TYPES)}, got {', '.join(bad)}")
+    return [(c, i) for c in caches for i in range(n)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --prism-model, the model tests are deselected rather than shown as skipped."""
+    if config.getoption("prism_model") is not None:
+        return
+    keep = [i for i in items if "prism_model_runner" not in getattr(i, "fixturenames", ())]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+
 # ------------------------------------------------------------------ the summary table at the end
 _MARK = "prism_conformance"
 
@@ -158,6 +205,8 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for k, v in report.user_properties:
+        if k == _MODEL_MARK and report.when == "call":
+            _model_rows.append(v)
         if k == _MARK:
             word = "unsupported" if report.skipped else "failed" if report.failed else "passed"
             _tallies.setdefault(tuple(v), {}).setdefault(word, 0)
@@ -165,13 +214,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _tallies: dict[tuple, dict[str, int]] = {}
+_MODEL_MARK = "prism_model"  # a test_model row: prism conformance --model's streamed line for its prompt
+_model_rows: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """One row per (backend, mode, op): passed, failed and unsupported cases, as the CLI's table."""
+    """One row per (backend, mode, op): passed, failed and unsupported cases, as the CLI's table; and the
+    model certification's rows, one per backend, cache type and prompt."""
+    tr = terminalreporter
+    if _model_rows:
+        tr.section("prism model conformance")
+        for row in sorted(_model_rows):
+            tr.write_line(row)
+        tr.write_line(f"model {config.getoption('prism_model')}; prism conformance --model prints the bounds")
     if not _tallies:
         return
-    tr = terminalreporter
     tr.section("prism conformance")
     rows = [("op", "backend", "mode", "passed", "failed", "unsupported")]
     for (name, mode, op), c in sorted(_tallies.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):

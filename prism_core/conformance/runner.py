@@ -400,36 +400,65 @@ def run_case(case: Case, backend: Backend, reference: Backend | None = None, *,
         return CaseResult(case, name, FAIL, "wrote outside its output: guard bytes changed after "
                           + ", ".join(t.label for t in smashed), detail=detail)
     d = built.out.opdef
-    bound = d.nmse if d else 0.0
-    blocks = reads_block_types(built.out)
     worst_err, worst_el, worst_ulp, exact = 0.0, None, None, True
     for i, (t, got, ref) in enumerate(zip((built.out, *built.extra), _outputs(built), expected)):
-        ok, msg, err, worst = compare(got, ref, bound)
-        if worst is not None:
-            worst = (_ggml_index(worst[0], t.ne), worst[1], worst[2])
         what = "output" if i == 0 else f"extra output {i}"
-        if not ok:
-            text = f"{what}: {msg}" if msg else f"{what} exceeds the bound"
-            if not msg and not np.any(got) and np.any(ref):
-                text += " (left all zeros: a kernel writes into node.host(); a returned value is ignored)"
-            return CaseResult(case, name, FAIL, text, err, bound, worst, detail)
-        exact &= bool(np.array_equal(np.asarray(got).view(np.uint8), np.asarray(ref).view(np.uint8))
-                      if np.asarray(got).dtype == np.asarray(ref).dtype else np.array_equal(got, ref, equal_nan=True))
-        ulps = ulp_errors(got, ref, t.type)
-        if ulps.size and d is not None:
-            j = int(np.argmax(ulps))
-            el_bound = element_bound(d, t.type, blocks)
+        v = judge(built.out, t, got, ref)
+        if not v.ok:
+            text = f"{what} {v.message}" if v.message.startswith("exceeds") else f"{what}: {v.message}"
+            return CaseResult(case, name, FAIL, text, v.err, v.bound, v.worst, detail,
+                              ulp=v.ulp, exact=False)
+        exact &= v.exact
+        if v.ulp is not None and (worst_ulp is None or v.ulp > worst_ulp):
+            worst_ulp = v.ulp
+        if v.err is not None and v.err >= worst_err:
+            worst_err, worst_el = v.err, v.worst
+    return CaseResult(case, name, PASS, "", worst_err, d.nmse if d else 0.0, worst_el, detail, ulp=worst_ulp,
+                      exact=exact)
+
+
+@dataclass
+class Verdict:
+    """One output of a node against the reference's: within the op's bounds or not, why, NMSE against
+    its bound, the worst element (ggml index, expected, got), its error in ulp, bit-equality."""
+
+    ok: bool
+    message: str
+    err: float | None
+    bound: float
+    worst: tuple | None
+    ulp: float | None
+    exact: bool
+
+
+def judge(node: Tensor, t: Tensor, got: np.ndarray, ref: np.ndarray) -> Verdict:
+    """Output ``t`` of ``node`` (``got``) against the reference's values ``ref``: the op's NMSE bound, then
+    its per-element bound in ulp (:mod:`.accuracy`), as every conformance case is judged."""
+    d = node.opdef
+    bound = d.nmse if d else 0.0
+    ok, msg, err, worst = compare(got, ref, bound)
+    if worst is not None:
+        worst = (_ggml_index(worst[0], t.ne), worst[1], worst[2])
+    if not ok:
+        text = msg or "exceeds the bound"
+        if not msg and not np.any(got) and np.any(ref):
+            text += " (left all zeros: a kernel writes into node.host(); a returned value is ignored)"
+        return Verdict(False, text, err, bound, worst, None, False)
+    exact = bool(np.array_equal(np.asarray(got).view(np.uint8), np.asarray(ref).view(np.uint8))
+                 if np.asarray(got).dtype == np.asarray(ref).dtype else np.array_equal(got, ref, equal_nan=True))
+    ulps = ulp_errors(got, ref, t.type)
+    worst_ulp = None
+    if ulps.size and d is not None:
+        j = int(np.argmax(ulps))
+        el_bound = element_bound(d, t.type, reads_block_types(node))
+        if el_bound is not None and ulps[j] > el_bound:
             g, r = np.asarray(got, np.float64).reshape(-1), np.asarray(ref, np.float64).reshape(-1)
-            if el_bound is not None and ulps[j] > el_bound:
-                return CaseResult(case, name, FAIL, f"{what}: element {_index(_ggml_index(j, t.ne))} is "
-                                  f"{ulps[j]:.3g} ulp off (bound {el_bound:g} ulp for {d.key} on {t.traits.name}; "
-                                  "NMSE passed)", err, bound, (_ggml_index(j, t.ne), float(r[j]), float(g[j])), detail,
-                                  ulp=float(ulps[j]), exact=False)
-            if el_bound is not None and (worst_ulp is None or ulps[j] > worst_ulp):
-                worst_ulp = float(ulps[j])
-        if err is not None and err >= worst_err:
-            worst_err, worst_el = err, worst
-    return CaseResult(case, name, PASS, "", worst_err, bound, worst_el, detail, ulp=worst_ulp, exact=exact)
+            return Verdict(False, f"element {_index(_ggml_index(j, t.ne))} is {ulps[j]:.3g} ulp off (bound "
+                           f"{el_bound:g} ulp for {d.key} on {t.traits.name}; NMSE passed)", err, bound,
+                           (_ggml_index(j, t.ne), float(r[j]), float(g[j])), float(ulps[j]), False)
+        if el_bound is not None:
+            worst_ulp = float(ulps[j])
+    return Verdict(True, "", err, bound, worst, worst_ulp, exact)
 
 
 def run_grad(backend: Backend, cases: list, *, timeout: float | None = DEFAULT_TIMEOUT,

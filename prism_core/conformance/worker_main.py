@@ -6,42 +6,25 @@ from __future__ import annotations
 
 import faulthandler
 import importlib
-import os
 import pickle
-import signal
 from typing import Any
 
-from .channel import Closed, Reader, send
+from ..isolation.channel import Closed, send
+from ..isolation.child import become_child
 from .runner import CaseResult
 from .workers import Suite, fingerprint
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: the kernel kills this worker when the thread that started it ends, so no worker
-    outlives its run, even one stuck in native code."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:
-        os._exit(0)
-
-
 def serve(parent: int) -> None:
     """The worker's main loop (started by :class:`.workers.Worker`)."""
-    _die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C does
-    chan = os.dup(1)
-    os.dup2(2, 1)  # whatever a kernel prints goes to the log, not into the result channel
-    faulthandler.enable()
-    reader = Reader(0)
+    chan, reader = become_child(parent)
     try:
         _, init = reader.get()
     except Closed:
         return
     try:
         from ..plugin.registry import REGISTRY
+        REGISTRY.adopt_probes(init["probes"])  # the parent probed the third-party plugins: no second probe
         for label, kind, payload in init["plugins"]:
             plugin = importlib.import_module(payload) if kind == "module" else pickle.loads(payload)
             REGISTRY.register(plugin, label)

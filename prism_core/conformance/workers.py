@@ -21,9 +21,10 @@ backend (numba's compiled kernels come from its on-disk cache after the first ru
 process per case. ``jobs`` workers run at once; each backend's cases are cut into batches
 at op boundaries so that several workers share one backend.
 
-The worker sees what this process sees: the same ``sys.path`` and environment, and every
+The worker sees what this process sees: the same ``sys.path`` and environment, every
 in-process plugin that it can load again (a module importable by name, or a picklable
-object). Backends of a plugin it cannot load (a module object built in memory) are run
+object), and this process's probes of third-party plugins (so it imports only those that
+passed, without probing them again). Backends of a plugin it cannot load (a module object built in memory) are run
 in this process by the caller (see :func:`in_process_only`).
 """
 
@@ -31,13 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import pickle
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -45,10 +41,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .channel import POLL, Closed, Late, Reader, Stopped, send
+from ..isolation.channel import POLL, Closed, Late, Stopped
+from ..isolation.child import STARTUP_TIMEOUT, Child
 from .runner import CRASHED, DEFAULT_TIMEOUT, NOT_RUN, TIMEOUT, CaseResult, case_detail
-
-STARTUP_TIMEOUT = 120.0  # seconds for a worker to import Prism and the backend (a loaded machine is slow)
 
 
 @dataclass(frozen=True)
@@ -112,47 +107,17 @@ def in_process_only(names: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------ the parent's side of one worker
-def _signal_name(n: int) -> str:
-    try:
-        return signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
-
-
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
-
-
-def _innermost(text: str) -> str:
-    """'at FILE:LINE in FUNC' of the innermost frame of the last faulthandler dump in ``text``."""
-    block = text.rsplit("most recent call first", 1)
-    if len(block) < 2:
-        return ""
-    m = _FRAME.search(block[1])
-    return f" at {m['file']}:{m['line']} in {m['func']}" if m else ""
-
-
-class Worker:
+class Worker(Child):
     """One child process computing ``backend``'s cases of ``suite``."""
 
     def __init__(self, backend: str, suite: Suite, timeout: float | None) -> None:
+        super().__init__("prism_core.conformance.worker_main")
         self.backend = backend
         self.timeout = timeout
-        self.stderr = tempfile.TemporaryFile()
-        code = (f"import sys; sys.path[:] = {sys.path!r}; "
-                f"from prism_core.conformance.worker_main import serve; serve({os.getpid()})")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, start_new_session=True, close_fds=True)
-        self.reader = Reader(self.proc.stdout.fileno())
         self.ready = False
+        from ..plugin.registry import REGISTRY
         self.send(("init", {"backend": backend, "suite": asdict(suite), "timeout": timeout,
-                             "plugins": _carried_plugins()}))
-
-    def send(self, msg: Any) -> bool:
-        try:
-            send(self.proc.stdin.fileno(), msg)
-            return True
-        except (OSError, ValueError):  # the worker is gone (or closed); its exit status tells why
-            return False
+                             "plugins": _carried_plugins(), "probes": REGISTRY.probes()}))
 
     def start(self, fingerprint_: str, deadline: float | None, stop: threading.Event | None) -> str:
         """Wait until the worker is ready: "" or why it could not start."""
@@ -195,11 +160,7 @@ class Worker:
             except Closed:
                 return "crashed", self.death()
             except Late:
-                if self.proc.poll() is None:
-                    self.proc.kill()
-                    self.proc.wait()
-                where = _innermost(self._stderr_text())
-                self.close()
+                where = self.hang_site()
                 return ("budget", "") if by_budget else ("timeout", f"did not finish within {self.timeout:g} s"
                                                                     f"{'; it hung' + where if where else ''}")
             except Stopped:
@@ -208,54 +169,6 @@ class Worker:
             if msg[0] == "done":
                 return "ok", ""
             record(msg[1], msg[2])
-
-    def _stderr_text(self) -> str:
-        try:
-            self.stderr.seek(0, os.SEEK_END)
-            size = self.stderr.tell()
-            self.stderr.seek(max(0, size - 8192))
-            return self.stderr.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
-
-    def death(self) -> str:
-        """Why the worker ended (waits for its exit)."""
-        try:
-            rc = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            rc = self.proc.returncode
-        text = self._stderr_text()
-        how = (f"the worker process was killed by {_signal_name(-rc)}" if rc is not None and rc < 0
-               else f"the worker process exited with status {rc}")
-        self.close()
-        return how + _innermost(text)
-
-    def kill(self) -> None:
-        """End the worker now and release it (what it wrote to stderr is read first by callers
-        that report it)."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-            self.proc.wait()
-        self.close()
-
-    def close(self) -> None:
-        """Ask the worker to end (kill it if it does not) and release its pipes."""
-        if self.proc.poll() is None:
-            self.send(("stop",))
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for f in (self.proc.stdin, self.proc.stdout, self.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
 
 
 # ------------------------------------------------------------------ one backend over a series of batches
@@ -360,13 +273,15 @@ def _batches(cases: list, n: int) -> list[list[int]]:
 
 
 def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFAULT_TIMEOUT,
-              budget: float | None = None, jobs: int = 1, on_event: Callable[[str], None] | None = None,
+              timeouts: dict[str, float | None] | None = None, budget: float | None = None, jobs: int = 1,
+              on_event: Callable[[str], None] | None = None,
               cases: list | None = None,
               on_result: Callable[[str, CaseResult], None] | None = None) -> Outcome:
     """Every case of ``suite`` (``cases``: ``suite.cases()`` when already built) on each backend
     (by name), in worker processes, ``jobs`` at a time; see the module docstring for what a
-    crash, a hang and the budget do. ``on_result(backend, result)`` is called (from the worker
-    threads, one call at a time) as each case's result arrives."""
+    crash, a hang and the budget do. ``timeouts`` overrides the per-case ``timeout`` by backend.
+    ``on_result(backend, result)`` is called (from the worker threads, one call at a time) as
+    each case's result arrives."""
     cases = suite.cases() if cases is None else cases
     deadline = None if not budget else time.monotonic() + budget
     got: dict[str, dict[int, CaseResult]] = {b: {} for b in backends}
@@ -387,7 +302,7 @@ def run_suite(backends: list[str], suite: Suite, *, timeout: float | None = DEFA
                 if current is None or current.backend != name:
                     if current is not None:
                         current.close()
-                    current = BackendRun(name, suite, cases, timeout, on_event)
+                    current = BackendRun(name, suite, cases, (timeouts or {}).get(name, timeout), on_event)
 
                 def record(i: int, r: CaseResult, name: str = name) -> None:
                     with lock:

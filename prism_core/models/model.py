@@ -38,10 +38,12 @@ from .sampling import Sampler, checked_sampler
 
 DEFAULT_N_CTX = 2048
 MAX_PLANS = 4  # planned graphs kept (about 1 MB of Python objects each); the least recently used one is discarded
+# (Model.max_plans: the batching engine keeps one per batch shape it meets, see engine.py)
 # of one batch size, the planned graphs kept: a generation crosses a KV_PAD boundary every 256 tokens and
 # never goes back, so older graphs of its shape are only Python objects (about 1 MB each for Gemma)
 MAX_PLANS_PER_BATCH = 2
 SLOW_REFERENCE_BYTES = 16 << 20  # weights beyond this on the reference backend get a warning: it is slow
+DEFAULT_PARALLEL = 16  # generate_many's prompts computed at once by default
 PERPLEXITY_ROWS = 32  # logits rows perplexity takes to float64 at once
 
 
@@ -54,6 +56,20 @@ class Token:
     id: int
     text: str
     bytes: bytes = b""
+
+
+class TokenText:
+    """The :class:`Token` of each generated id of one generation, in order: its piece, its UTF-8 text
+    completed across tokens (see :meth:`Model.generate`); ``last``: no token follows, so bytes no token
+    completed become U+FFFD."""
+
+    def __init__(self, tokenizer: Any, special: bool) -> None:
+        self.tokenizer, self.special = tokenizer, special
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, tok: int, *, last: bool) -> Token:
+        piece = self.tokenizer.piece_bytes(tok, self.special)
+        return Token(tok, self.utf8.decode(piece, final=last), piece)
 
 
 @dataclass
@@ -136,6 +152,7 @@ class Model:
         self._tokenizer = tokenizer
         self.source = source  # the loaded file, kept open while the model lives
         self._graphs: OrderedDict[tuple[int, int, int], _Graph] = OrderedDict()
+        self.max_plans = MAX_PLANS
         self._tap: Any = None
         self.timings = Timings()
         self._lock = threading.Lock()  # see _exclusive
@@ -191,7 +208,7 @@ class Model:
             same = [k for k in self._graphs if k[::2] == key[::2]]  # this batch shape's, least recently used first
             victims = same[:max(0, len(same) - MAX_PLANS_PER_BATCH + 1)]
             others = [k for k in self._graphs if k not in victims]
-            victims += others[:max(0, len(others) - MAX_PLANS + 1)]
+            victims += others[:max(0, len(others) - self.max_plans + 1)]
             for old in victims:
                 gone = self._graphs.pop(old)
                 gone.plan.release()
@@ -199,6 +216,11 @@ class Model:
             g = self._graphs[key] = self._build(n_tok, n_kv, n_out)
         self._graphs.move_to_end(key)
         return g
+
+    def plans(self) -> list[Plan]:
+        """The planned graphs the model keeps now (at least the decode graph), least recently used first:
+        which backend computes each node and what fell back to the reference (``Plan.fallbacks``)."""
+        return [g.plan for g in self._graphs.values()]
 
     def tap(self, tap: Any) -> None:
         """Read intermediate tensors of the model's own graphs: ``tap.select(graph)`` is called on every graph
@@ -326,6 +348,20 @@ class Model:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return [int(i) for i in self._check_ids(prompt)]
 
+    def _checked_generation(self, prompt: str | Seq[int], max_tokens: int, sampler: Any,
+                            n_past: int = 0) -> tuple[list[int], Any]:
+        """A generation's prompt ids and sampler, refused before any work when they are bad or the prompt and
+        ``max_tokens`` after ``n_past`` tokens exceed the context."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        sampler = checked_sampler(sampler)
+        ids = self.encode(prompt)
+        if n_past + len(ids) + max_tokens > self.cache.n_ctx:
+            after = f" after the sequence's {n_past}" if n_past else ""
+            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens}{after} exceed the "
+                                f"context of {self.cache.n_ctx} tokens")
+        return ids, sampler
+
     def generate(self, prompt: str | Seq[int], max_tokens: int = 64, sampler: Sampler | None = None, *,
                  special: bool = False) -> Iterator[Token]:
         """Yield tokens as they are produced, on a sequence of its own (so generators and threads never see
@@ -338,19 +374,38 @@ class Model:
         that completes it; bytes no token completes become U+FFFD in the last token's text (``max_tokens``
         reached) or are left out of the text (an end-of-generation token came first); each token's
         ``bytes`` keeps them. :attr:`timings` is the latest generation's."""
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = checked_sampler(sampler)
-        ids = self.encode(prompt)
-        if len(ids) + max_tokens > self.cache.n_ctx:
-            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} exceed the context "
-                                f"of {self.cache.n_ctx} tokens")
+        ids, sampler = self._checked_generation(prompt, max_tokens, sampler)
         mine = getattr(self._local, "seq", None)
         if mine is not None and mine.open:  # as the single cache did: the thread's eval tokens are forgotten
             mine.clear()
         with self.new_sequence("a generation's sequence") as seq:
             self.timings = seq.timings = Timings()
             yield from seq._generate(ids, max_tokens, sampler, special)
+
+    def generate_many(self, prompts: Seq[str | Seq[int]], n_predict: int = 64, sampler: Any = None, *,
+                      seed: int | None = None, special: bool = False,
+                      n_parallel: int | None = None) -> list[list[Token]]:
+        """Generate after every prompt at once, batched (:class:`~.engine.Engine`): for each prompt, in order,
+        the list of its :class:`Token` (``"".join(t.text for t in toks)`` is its text), as
+        :meth:`generate` would yield them: up to ``n_predict`` tokens, ending early at an end-of-generation
+        token. ``sampler``: None (greedy), a :class:`Sampler` (copied per prompt: prompt i draws with seed
+        ``seed + i``, ``seed`` defaulting to the sampler's own), or a list of one sampler per prompt.
+        ``n_parallel``: prompts computed at once (default: all of them, up to 16)."""
+        from .engine import Engine, samplers_for
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Seq) or not prompts:
+            raise InvalidArgument(f"prompts must be a non-empty list of prompts (texts or token-id lists), "
+                                  f"got {prompts!r:.80}")
+        samplers = samplers_for(sampler, len(prompts), seed)
+        engine = Engine(self, n_parallel if n_parallel is not None else min(len(prompts), DEFAULT_PARALLEL))
+        try:
+            requests = [engine.submit(p, n_predict, s, special=special) for p, s in zip(prompts, samplers)]
+            engine.run()
+        finally:
+            engine.close()  # an interrupted run frees its sequences
+        for r in requests:
+            if r.error is not None:
+                raise r.error
+        return [r.tokens for r in requests]
 
     def perplexity(self, text: str | Seq[int]) -> float:
         """exp of the mean negative log-likelihood of each token given the ones before it (from empty, on the
@@ -460,14 +515,7 @@ class Sequence:
         """As :meth:`Model.generate`, continuing this sequence: the prompt is fed after its tokens (on an empty
         sequence, exactly Model.generate). Afterwards it holds the prompt and every generated token but the
         last (never fed); :attr:`timings` says how long it took."""
-        m = self.model
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgument(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        sampler = checked_sampler(sampler)
-        ids = m.encode(prompt)
-        if self.n_past + len(ids) + max_tokens > m.cache.n_ctx:
-            raise BoundExceeded(f"the prompt ({len(ids)} tokens) and max_tokens={max_tokens} after the "
-                                f"sequence's {self.n_past} exceed the context of {m.cache.n_ctx} tokens")
+        ids, sampler = self.model._checked_generation(prompt, max_tokens, sampler, self.n_past)
         self.timings = Timings()
         yield from self._generate(ids, max_tokens, sampler, special)
 
@@ -477,15 +525,14 @@ class Sequence:
         t.n_prompt = len(ids)
         logits, t.prompt_s = t.timed(lambda: self.eval(ids)[-1], m.backend)
         history, n_out = list(ids), 0
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = TokenText(m.tokenizer, special)
         for _ in range(max_tokens):
             tok = sampler(logits, history)
             if tok in m.eog_ids:
                 return
             history.append(tok)
             n_out += 1
-            piece = m.tokenizer.piece_bytes(tok, special)
-            yield Token(tok, utf8.decode(piece, final=n_out == max_tokens), piece)
+            yield text(tok, last=n_out == max_tokens)
             if n_out < max_tokens:
                 logits, seconds = t.timed(lambda: self.eval([tok])[-1], m.backend)  # noqa: B023 - called now
                 t.decode_s += seconds

@@ -187,7 +187,10 @@ def _write_tensor(f: GGUFFile, pl: TensorPlan, w: StreamWriter, im: np.ndarray |
                 e = r // rows_per_mat
                 stop = min(r1, (e + 1) * rows_per_mat)
                 w_e = None if im is None else im[e * n_per_row:(e + 1) * n_per_row]
-                w.write(_from_f32(rows[r - r0:stop - r0], pl.target, w_e, threads))
+                try:
+                    w.write(_from_f32(rows[r - r0:stop - r0], pl.target, w_e, threads))
+                except InvalidArgument as err:  # a block too large for its scale: which tensor, which rows
+                    raise InvalidArgument(f"quantize: {pl.name} (its rows counted from {r}): {err}") from None
                 r = stop
         done += len(part)
         progress.report(task, done, total, unit="B", detail=detail)

@@ -10,6 +10,7 @@ capabilities (threads, a whole-graph compiler) are optional members with default
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -20,6 +21,26 @@ from ..types import GGMLType
 from .hookspecs import INTERFACE_VERSION
 
 Kernel = Callable[[Tensor], None]
+
+
+@dataclass(frozen=True, eq=False)
+class NodeRun:
+    """Consecutive computing nodes of a plan that one backend claimed, in graph order, handed to
+    :meth:`Backend.prepare_run` (views between them compute nothing and are left out).
+
+    ``internal`` holds the ``id`` of each result (a storage owner, never a view) that Prism never
+    reads: only nodes of this run read it, directly or through views, and it is no graph output,
+    input, parameter, loss or gradient. Every other result of the run, and everything a node writes
+    through a view (SET_ROWS or CPY into a cache), Prism reads: the callable must leave it in its
+    planned memory. An internal result may live wherever the backend likes (or nowhere, when it
+    fuses the nodes reading it); the plan still holds room for it at its planned place."""
+
+    nodes: tuple[Tensor, ...]
+    internal: frozenset[int]
+
+    def is_internal(self, t: Tensor) -> bool:
+        """Whether ``t``'s storage (a view's: its owner's) is a result only this run reads."""
+        return id(t.base) in self.internal
 
 
 class Backend:
@@ -34,6 +55,11 @@ class Backend:
     # refuses a node with any other block type among its sources or result, so a backend written
     # before the op table accepted block types never claims them by accident.
     block_types: ClassVar[frozenset[GGMLType]] = frozenset()
+    # How the activations (float inputs) of this backend's products are rounded, which sets the
+    # model-level certification's bounds (prism_core.conformance.model_cert): "f64" (exact, the
+    # reference), "f32" (float32 products), "f16" or "bf16" (activations rounded to that type), or "q8"
+    # (quantized to the weight's vec_dot type, Q8_0/Q8_1/Q8_K, as ggml's CPU backend does).
+    activation_precision: ClassVar[str] = "f32"
 
     def availability(self) -> tuple[bool, str]:
         """(usable here, reason when not)."""
@@ -95,6 +121,18 @@ class Backend:
 
         A plan calls it once per node after assigning memory and keeps the node and its
         sources in that memory for as long as the callable is used."""
+        return None
+
+    def prepare_run(self, run: NodeRun) -> Callable[[], None] | None:
+        """Optional (a whole-graph compiler, one native graph compute): a zero-argument callable
+        computing every node of ``run`` in order, or None to have each node prepared alone
+        (:meth:`prepare`, else :meth:`compute`).
+
+        A plan calls it after assigning memory, once per maximal run of consecutive nodes this
+        backend claimed (the whole plan when it claims every node); the nodes it refused fall back
+        to the reference one by one between runs. The same rules as :meth:`prepare` hold: bind
+        memory, not values, and compute each node with its own semantics. Raising Unsupported here
+        is as returning None."""
         return None
 
     def compute(self, node: Tensor) -> None:

@@ -14,6 +14,18 @@ stays its own; a name several third-party plugins claim is refused for all of th
 
 Availability is asked lazily, one backend at a time, and cached until :meth:`Registry.reset`:
 selecting a backend by name asks only that backend.
+
+Third-party plugins run their own code at import, in their hook and in ``availability()``,
+so they are kept at arm's length (plugins.md, "What a plugin may do at import"):
+
+* the backends of this distribution (numpy, numba, csimd, ggml) are found without importing
+  any other plugin: selecting one by name, the reference and the default never import a
+  third-party plugin;
+* the default (nothing named) is the best available backend of this distribution or of a
+  plugin registered in-process: an installed third-party backend is used only when named;
+* a third-party plugin is imported in-process only after a child process imported it, called
+  its hook and asked its backends' availability without crashing, hanging or exiting
+  (:mod:`.probe`; once per process); one that did is listed as broken with what happened.
 """
 
 from __future__ import annotations
@@ -21,9 +33,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import importlib.util
 import os
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -52,6 +66,7 @@ class BackendInfo:
     plugin: str
     backend: Backend | None = None
     interface_version: int | None = None  # the plugin interface the backend was built for
+    installed: bool = False  # a third-party plugin's, found through an entry point: used only when named
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,7 @@ class _Entry:
     backend: Backend
     plugin: str
     availability: tuple[bool, str] | None = field(default=None)
+    installed: bool = False  # a third party's, found through an entry point: used only when named
 
     def state(self) -> tuple[bool, str]:
         if self.availability is None:
@@ -77,7 +93,8 @@ class _Entry:
                 try:
                     ok, reason = b.availability()
                     self.availability = (bool(ok), str(reason))
-                except Exception as e:  # noqa: BLE001 - a plugin must never break the host
+                except BaseException as e:  # noqa: BLE001 - a plugin must never break the host
+                    _reraise_interrupt(e)
                     self.availability = (False, f"availability check raised {type(e).__name__}: {e}")
         return self.availability
 
@@ -85,7 +102,7 @@ class _Entry:
         ok, reason = self.state()
         b = self.backend
         return BackendInfo(b.name, str(b.version), int(b.priority), ok, reason, self.plugin, b,
-                           interface_version=b.interface_version)
+                           interface_version=b.interface_version, installed=self.installed)
 
 
 @dataclass
@@ -93,6 +110,22 @@ class _Claim:
     backend: Backend
     plugin: str
     own: bool  # shipped by this distribution, from a module installed beside prism_core
+    installed: bool = False  # a third-party plugin found through an entry point
+
+
+def _reraise_interrupt(e: BaseException) -> None:
+    """Let Ctrl-C through; every other exception a plugin raises (SystemExit included) is its fault."""
+    if isinstance(e, KeyboardInterrupt):
+        raise e
+
+
+def load_plugin(ep: metadata.EntryPoint) -> tuple[Any, str]:
+    """The plugin object an entry point names, or (None, why its import failed)."""
+    try:
+        return ep.load(), ""
+    except BaseException as e:  # noqa: BLE001 - a plugin must never break the host
+        _reraise_interrupt(e)
+        return None, f"import failed: {type(e).__name__}: {e}"
 
 
 def entry_points(group: str) -> list[metadata.EntryPoint]:
@@ -124,19 +157,38 @@ def _own_roots() -> tuple[Path, ...]:
     return root, root / "backends"
 
 
-def _is_own(ep: metadata.EntryPoint | None, backend: Backend) -> bool:
-    """Declared by prism-tensor and defined in a package installed beside this prism_core."""
+def _declared_by_us(ep: metadata.EntryPoint | None) -> bool:
     dist = getattr(ep, "dist", None) if ep is not None else None
-    if dist is None or _canonical(dist.metadata["Name"] or "") != OWN_DISTRIBUTION:
-        return False
-    top = sys.modules.get(type(backend).__module__.split(".")[0])
-    file = getattr(top, "__file__", None)
+    return dist is not None and _canonical(dist.metadata["Name"] or "") == OWN_DISTRIBUTION
+
+
+def _own_file(file: str | None) -> bool:
+    """Whether a module file is one of this distribution's (beside prism_core, or in its wheel)."""
     if not file:
         return False
     path = Path(file).resolve()
     where = path.parent.parent if path.name == "__init__.py" else path.parent
     return where in _own_roots() or any(path in _shipped_files(d) for d in metadata.distributions()
                                         if _canonical(d.metadata["Name"] or "") == OWN_DISTRIBUTION)
+
+
+def _is_own(ep: metadata.EntryPoint | None, backend: Backend) -> bool:
+    """Declared by prism-tensor and defined in a package installed beside this prism_core."""
+    top = sys.modules.get(type(backend).__module__.split(".")[0])
+    return _declared_by_us(ep) and _own_file(getattr(top, "__file__", None))
+
+
+def is_built_in(ep: metadata.EntryPoint) -> bool:
+    """Whether an entry point is one of this distribution's backends, decided before importing
+    it: declared by prism-tensor and naming a module installed beside this prism_core (found,
+    not run: a top-level module's spec executes none of its code)."""
+    if not _declared_by_us(ep):
+        return False
+    try:
+        spec = importlib.util.find_spec(ep.module.split(".")[0])
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and _own_file(spec.origin)
 
 
 def _shipped_files(dist: metadata.Distribution) -> frozenset[Path]:
@@ -174,17 +226,24 @@ def _hook_problem(pm: pluggy.PluginManager, plugin: Any) -> str:
 
 class Registry:
     default: Backend | str | None = None  # set by use_backend(): the process-wide choice
+    # True in a process that is itself a probe child: it imports third-party plugins directly
+    sandboxed: bool = False
 
     def __init__(self) -> None:
-        self._loaded = False
+        self._lock = threading.RLock()  # one discovery at a time (a probe takes a while); hooks may re-enter
         self._extra: list[tuple[str, Any]] = []
+        self._probed: dict[tuple, list[Any]] = {}  # per set of installed third-party plugins; kept across reset
         self.reset()
 
     def reset(self) -> None:
-        """Forget everything found so far; the next query rediscovers entry points."""
-        self._loaded = False
+        """Forget everything found so far; the next query rediscovers entry points (the probes of
+        third-party plugins are kept: the same plugins, installed in the same place, are not probed again)."""
+        self._stage = 0  # 1: built-ins and in-process plugins loaded; 2: third-party plugins too
         self._backends: dict[str, _Entry] = {}
         self._reference: _Entry | None = None
+        self._claims: list[_Claim] = []
+        self._load_broken: list[BrokenPlugin] = []  # import and hook problems (settling adds refused names)
+        self._third_party: list[metadata.EntryPoint] = []
         self.broken: list[BrokenPlugin] = []
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
@@ -203,41 +262,96 @@ class Registry:
         """The plugins given to :meth:`register` (label, object), in order."""
         return list(self._extra)
 
-    def _load(self) -> None:
-        if self._loaded:
-            return
-        self.reset()
-        self._loaded = True
-        plugins: list[tuple[str, Any, metadata.EntryPoint | None]] = []
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            label = f"{ep.name} ({ep.value})"
+    def probes(self) -> dict[tuple, list[Any]]:
+        """The probes of third-party plugins made so far (for a child process to adopt)."""
+        return dict(self._probed)
+
+    def adopt_probes(self, probes: dict[tuple, list[Any]]) -> None:
+        """Take another process's probes (same plugins, same machine) instead of probing again."""
+        self._probed.update(probes)
+
+    def _load(self, third_party: bool = True) -> None:
+        """Stage 1: the built-in backends and the in-process plugins; stage 2 (``third_party``):
+        the third-party plugins too, each imported only once its probe passed."""
+        with self._lock:
+            self._load_stages(third_party)
+
+    def _load_stages(self, third_party: bool) -> None:
+        if self._stage == 0:
+            self.reset()
+            self._stage = 1
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                if is_built_in(ep):
+                    self._claims += self._import(ep)
+                else:
+                    self._third_party.append(ep)
+            if self._extra:
+                # provisionally, so that an in-process plugin's hook can already look up installed backends
+                self._settle()
+                for label, plugin in self._extra:
+                    self._claims += self._claims_of(label, plugin, None)
+            self._settle()
+        if third_party and self._stage == 1:
+            self._stage = 2
             try:
-                plugins.append((label, ep.load(), ep))
-            except BaseException as e:  # noqa: BLE001 - a plugin must never break the host
-                if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                    raise
-                self.broken.append(BrokenPlugin(label, f"import failed: {type(e).__name__}: {e}"))
-        claims: list[_Claim] = []
-        for label, plugin, ep in plugins:
-            claims += self._claims_of(label, plugin, ep)
-        if self._extra:
-            # provisionally, so that an in-process plugin's hook can already look up installed backends
-            self._backends, self._reference, _ = _settle(claims)
-            for label, plugin in self._extra:
-                claims += self._claims_of(label, plugin, None)
-        self._backends, self._reference, refused = _settle(claims)
-        self.broken += refused
+                probes = self._probe(self._third_party)
+            except BaseException:  # Ctrl-C while probing: the next query probes again
+                self._stage = 1
+                raise
+            unavailable = {}  # plugin -> {backend: why}: its availability() crashed or hung in the probe
+            for ep, found in zip(self._third_party, probes or [None] * len(self._third_party)):
+                if found is not None and found.reason:
+                    self._load_broken.append(BrokenPlugin(_label(ep), found.reason))
+                    continue
+                self._claims += [_Claim(c.backend, c.plugin, c.own, installed=True) for c in self._import(ep)]
+                unavailable[_label(ep)] = found.unavailable if found is not None else {}
+            self._settle(unavailable)
+
+    def _import(self, ep: metadata.EntryPoint) -> list[_Claim]:
+        plugin, why = load_plugin(ep)
+        if why:
+            self._load_broken.append(BrokenPlugin(_label(ep), why))
+            return []
+        return self._claims_of(_label(ep), plugin, ep)
+
+    def _probe(self, eps: list[metadata.EntryPoint]) -> list[Any]:
+        """The probe of these third-party plugins (a PluginProbe each); none in a sandbox."""
+        if not eps or self.sandboxed:
+            return []
+        from .probe import probe, probe_timeout
+        specs = tuple((ep.name, ep.value, ep.group) for ep in eps)
+        key = specs + tuple(_installed_where(ep) for ep in eps)  # another install of a plugin is probed again
+        if key not in self._probed:
+            self._probed[key] = probe(specs, probe_timeout())
+        return self._probed[key]
+
+    def _settle(self, unavailable: dict[str, dict[str, str]] | None = None) -> None:
+        """Give each name to one claim; an entry already made for the same backend object keeps its
+        cached availability, and a backend whose availability() crashed or hung in the probe is
+        unavailable without being asked here."""
+        backends, reference, refused = _settle(self._claims)
+        for name, e in backends.items():
+            old = self._backends.get(name)
+            if old is not None and old.backend is e.backend:
+                backends[name] = old
+            else:
+                why = (unavailable or {}).get(e.plugin, {}).get(name)
+                if why:
+                    e.availability = (False, why)
+        self._backends = backends
+        self._reference = backends[REFERENCE_NAME] if reference is not None else None
+        self.broken = self._load_broken + refused
 
     def _claims_of(self, label: str, plugin: Any, ep: metadata.EntryPoint | None) -> list[_Claim]:
         try:
             self.pm.register(plugin, name=label)
         except Exception as e:  # noqa: BLE001
-            self.broken.append(BrokenPlugin(label, f"not a valid plugin: {type(e).__name__}: {e}"))
+            self._load_broken.append(BrokenPlugin(label, f"not a valid plugin: {type(e).__name__}: {e}"))
             return []
         problem = _hook_problem(self.pm, plugin)
         if problem:
             self.pm.unregister(name=label)
-            self.broken.append(BrokenPlugin(label, problem))
+            self._load_broken.append(BrokenPlugin(label, problem))
             return []
         claims = []
         for impl in self.pm.hook.prism_register_backends.get_hookimpls():
@@ -245,25 +359,27 @@ class Registry:
                 continue
             try:
                 found = impl.function()
-            except Exception as e:  # noqa: BLE001
-                self.broken.append(BrokenPlugin(label, f"prism_register_backends raised {type(e).__name__}: {e}"))
+            except BaseException as e:  # noqa: BLE001 - SystemExit from a hook is the plugin's fault too
+                _reraise_interrupt(e)
+                self._load_broken.append(BrokenPlugin(label, f"prism_register_backends raised {type(e).__name__}: {e}"))
                 continue
             if not isinstance(found, (list, tuple)):
-                self.broken.append(BrokenPlugin(label, "prism_register_backends must return a list of Backend "
-                                                f"instances, returned {type(found).__name__}"))
+                self._load_broken.append(BrokenPlugin(label, "prism_register_backends must return a list of Backend "
+                                                      f"instances, returned {type(found).__name__}"))
                 continue
             for b in found:
                 problem = _malformed(b)
                 if problem:
-                    self.broken.append(BrokenPlugin(label, problem))
+                    self._load_broken.append(BrokenPlugin(label, problem))
                 else:
                     claims.append(_Claim(b, label, _is_own(ep, b)))
         return claims
 
     # ---------------------------------------------------------------- queries
-    def _ranked(self) -> list[_Entry]:
-        self._load()
-        return sorted(self._backends.values(), key=lambda e: (-int(e.backend.priority), e.backend.name))
+    def _ranked(self, third_party: bool = True) -> list[_Entry]:
+        self._load(third_party)
+        entries = [e for e in self._backends.values() if third_party or not e.installed]
+        return sorted(entries, key=lambda e: (-int(e.backend.priority), e.backend.name))
 
     def names(self) -> list[str]:
         """Every registered backend's name, best first, without asking any for availability."""
@@ -274,14 +390,30 @@ class Registry:
         return [e.info() for e in self._ranked()]
 
     def info(self, name: str) -> BackendInfo:
-        """One backend's record, asking only that backend for its availability."""
+        """One backend's record, asking only that backend for its availability; a built-in
+        backend is found without importing any third-party plugin."""
         if not isinstance(name, str):
             raise InvalidArgument(f"a backend name must be a str (or None: the best available), got {name!r:.60}")
-        self._load()
+        self._load(third_party=False)
         entry = self._backends.get(name)
+        if entry is None or not self._is_built_in(entry):
+            self._load()
+            entry = self._backends.get(name)
         if entry is None:
-            raise UnknownBackend(f"no backend named {name!r}; registered: {', '.join(self.names()) or 'none'}")
+            skipped = "".join(f"; broken plugin {b.plugin}: {b.reason}" for b in self.broken)
+            raise UnknownBackend(f"no backend named {name!r}; registered: {', '.join(self.names()) or 'none'}"
+                                 + skipped)
         return entry.info()
+
+    def candidates(self) -> Iterator[BackendInfo]:
+        """The backends a choice without a name picks from, best first: the built-ins and the
+        plugins registered in-process, never an installed third party's (none is imported).
+        Each backend is asked for its availability as the iteration reaches it."""
+        for e in self._ranked(third_party=False):
+            yield e.info()
+
+    def _is_built_in(self, entry: _Entry) -> bool:
+        return any(c.own and c.backend is entry.backend for c in self._claims)
 
     def get(self, name: str | None = None) -> Backend:
         if name is None:
@@ -290,25 +422,35 @@ class Registry:
                 return chosen
             name = chosen or os.environ.get(ENV_BACKEND) or None
         if name is None:
-            ranked = self._ranked()
-            for e in ranked:  # availability is asked best first, up to the first available backend
-                if e.state()[0]:
-                    return e.backend
+            for info in self.candidates():
+                if info.available:
+                    return info.backend
             raise BackendUnavailable("no backend is available; registered: "
-                                     + (", ".join(f"{e.backend.name} ({e.state()[1]})" for e in ranked) or "none"))
+                                     + (", ".join(f"{i.name} ({i.reason})" for i in self.candidates()) or "none")
+                                     + " (an installed third-party backend is used only when named)")
         info = self.info(name)
         if not info.available:
             raise BackendUnavailable(f"backend {name!r} is unavailable: {info.reason}")
         return info.backend
 
     def reference(self) -> Backend:
-        self._load()
+        self._load(third_party=False)
         entry = self._reference
         if entry is not None and entry.state()[0]:
             return entry.backend
         why = f": {entry.state()[1]}" if entry is not None else ""
         raise BackendUnavailable(f"the reference backend ({REFERENCE_NAME!r}, shipped with {OWN_DISTRIBUTION}) is "
                                  f"not installed or not available{why}; fallback and conformance need it")
+
+
+def _label(ep: metadata.EntryPoint) -> str:
+    return f"{ep.name} ({ep.value})"
+
+
+def _installed_where(ep: metadata.EntryPoint) -> tuple[str, str]:
+    """The folder and version of the distribution declaring ``ep``."""
+    dist = getattr(ep, "dist", None)
+    return (str(dist.locate_file("")), str(dist.version)) if dist is not None else ("", "")
 
 
 def _settle(claims: list[_Claim]) -> tuple[dict[str, _Entry], _Entry | None, list[BrokenPlugin]]:
@@ -346,7 +488,7 @@ def _settle(claims: list[_Claim]) -> tuple[dict[str, _Entry], _Entry | None, lis
             for c in cs[1:]:
                 refused.append(BrokenPlugin(c.plugin, f"backend name {name!r} is already registered "
                                             f"by {keep.plugin}"))
-        entry = backends[name] = _Entry(keep.backend, keep.plugin)
+        entry = backends[name] = _Entry(keep.backend, keep.plugin, installed=keep.installed)
         if keep.own and name == REFERENCE_NAME and keep.backend.is_reference:
             reference = entry
     return backends, reference, refused

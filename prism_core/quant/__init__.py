@@ -109,7 +109,8 @@ def can_quantize(type: GGMLType | int | str) -> bool:
 
 def row_quantizer():
     """The backend whose ``quantize_rows`` runs ggml's quantizers for this module, or None (NumPy):
-    ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them."""
+    ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them
+    among those the default is chosen from (:meth:`~prism_core.plugin.registry.Registry.candidates`)."""
     choice = os.environ.get(ENV_QUANT, "").strip()
     if choice.lower() in ("python", "numpy"):
         return None
@@ -117,8 +118,7 @@ def row_quantizer():
     from ..plugin.registry import REGISTRY
     if choice:
         return REGISTRY.get(choice)
-    for name in REGISTRY.names():
-        info = REGISTRY.info(name)
+    for info in REGISTRY.candidates():  # as the default is chosen: a third party's backend only when named
         if info.available and type(info.backend).quantize_rows is not Backend.quantize_rows:
             return info.backend
     return None
@@ -169,13 +169,55 @@ def _float_rows(rows: np.ndarray, tr: TypeTraits, what: str) -> np.ndarray:
     if not np.isfinite(total) and not (finite := np.isfinite(rows)).all():
         flat = finite.reshape(-1, rows.shape[-1]).all(axis=1)
         bad = int(np.argmin(flat))
-        where = np.unravel_index(bad, rows.shape[:-1]) if rows.ndim > 1 else ()
         col = int(np.argmin(finite.reshape(-1, rows.shape[-1])[bad]))
         raise InvalidArgument(
-            f"{what} to {tr.name}: row {bad} (index {tuple(int(i) for i in where)}) holds the non-finite value "
+            f"{what} to {tr.name}: {_row_at(rows, bad)} holds the non-finite value "
             f"{rows.reshape(-1, rows.shape[-1])[bad, col]} at column {col}; ggml's quantizers give "
             "position-dependent garbage for NaN/inf (its absmax scan skips a NaN or the scale becomes inf/NaN)")
     return rows
+
+
+#: Below this magnitude no block of any format can overflow a scale it stores (F16's largest is 65504):
+#: the largest field is Q8_1's s = d * sum(q) <= 32 * amax (d = amax / 127, |q| <= 127); every other
+#: scale is at most about twice the block's largest magnitude. csrc/csimd_quant_api.h uses the same bound.
+SAFE_AMAX = 1024.0
+
+
+def _row_at(rows: np.ndarray, flat_row: int) -> str:
+    where = np.unravel_index(flat_row, rows.shape[:-1]) if rows.ndim > 1 else ()
+    return f"row {flat_row} (index {tuple(int(i) for i in where)})"
+
+
+def _refuse_overflowing_scales(rows: np.ndarray, out: np.ndarray, tr: TypeTraits, what: str) -> None:
+    """Refuse rows whose quantized block stores a scale that overflowed (F16 inf: every value of the
+    block then dequantizes to inf or NaN), as non-finite input is refused. ggml writes such blocks;
+    the thresholds follow from each format's scale (Q8_0: d = amax / 127 overflows from amax =
+    65520 * 127, Q4_0: d = max / -8 from 65520 * 8, ...; docs/quantize.md). Checked on what the
+    quantizer wrote, exact for every format: the blocks holding a value above SAFE_AMAX are
+    dequantized, and Q8_1's s (which dequantizing does not read) is read directly."""
+    if not rows.size:
+        return
+    blocks = rows.reshape(-1, tr.blck_size)
+    amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))
+    suspect = np.flatnonzero(amax > SAFE_AMAX)
+    if not suspect.size:
+        return
+    q = out.reshape(-1, tr.type_size)[suspect]
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~np.isfinite(dequantize(q, tr.type)).all(axis=1)
+    if tr.type == G.Q8_1:  # s = d * sum(q), F16 at byte 2
+        bad |= ~np.isfinite(np.ascontiguousarray(q[:, 2:4]).view(np.float16).reshape(-1))
+    if not bad.any():
+        return
+    k = int(suspect[np.argmax(bad)])
+    per_row = rows.shape[-1] // tr.blck_size
+    row, blk = divmod(k, per_row)
+    c0 = blk * tr.blck_size
+    raise InvalidArgument(
+        f"{what} to {tr.name}: {_row_at(rows, row)}, block {blk} (columns {c0}..{c0 + tr.blck_size - 1}) holds "
+        f"a value of magnitude {float(amax[k]):g}, too large for the block: its scale overflows F16 (largest "
+        f"65504) and ggml would store inf, every value of the block coming back inf or NaN; scale the data "
+        "down, or keep it in F32")
 
 
 def _chunked(codec: Codec, blocks: np.ndarray, blck_size: int, out_width: int, chunk: int = _CHUNK_ELEMENTS
@@ -211,19 +253,35 @@ def _python_rows(codec: Codec, rows: np.ndarray, tr: TypeTraits) -> np.ndarray:
     return out
 
 
-def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | None = None) -> np.ndarray:
+OVERFLOW_MODES = ("refuse", "ggml")
+
+
+def _overflow_mode(overflow: str) -> str:
+    if overflow not in OVERFLOW_MODES:
+        raise InvalidArgument(f"overflow must be one of {', '.join(map(repr, OVERFLOW_MODES))} (what to do with a "
+                              f"block whose scale overflows F16), got {overflow!r}")
+    return overflow
+
+
+def quantize(rows: np.ndarray, type: GGMLType | int | str, *, threads: int | None = None,
+             overflow: str = "refuse") -> np.ndarray:
     """float rows → ggml blocks (uint8), as ggml's quantize_row_*_ref writes them (each row's last dim
-    one ggml row). IQ2_S, IQ3_XXS and IQ3_S (ggml's reference lattice searches) need the C quantizers."""
+    one ggml row). IQ2_S, IQ3_XXS and IQ3_S (ggml's reference lattice searches) need the C quantizers.
+    A block whose scale overflows F16 is refused (InvalidArgument naming the row and block);
+    ``overflow="ggml"`` writes it as ggml does instead, with a scale of inf."""
+    _overflow_mode(overflow)
     tr = _quant_traits(type)
     if tr.type not in _QUANTIZERS and tr.type not in _C_REFERENCE:
         _refuse_quantize(tr)
     rows = _float_rows(rows, tr, "quantizing")
-    fast = _accelerated(rows, tr, "ref", None, threads) if rows.size else None
-    if fast is not None:
-        return fast
-    if tr.type not in _QUANTIZERS:
-        _refuse_c_only(tr)
-    return _python_rows(_QUANTIZERS[tr.type], rows, tr)
+    out = _accelerated(rows, tr, "ref", None, threads) if rows.size else None
+    if out is None:
+        if tr.type not in _QUANTIZERS:
+            _refuse_c_only(tr)
+        out = _python_rows(_QUANTIZERS[tr.type], rows, tr)
+    if overflow == "refuse":
+        _refuse_overflowing_scales(rows, out, tr, "quantizing")
+    return out
 
 
 # ggml_quantize_chunk with importance weights, in NumPy: per-block codecs (blocks, weights) and row codecs
@@ -254,12 +312,13 @@ def _imatrix_of(imatrix: np.ndarray | None, n: int, tr: TypeTraits) -> np.ndarra
 
 
 def quantize_chunk(rows: np.ndarray, type: GGMLType | int | str, imatrix: np.ndarray | None = None, *,
-                   threads: int | None = None) -> np.ndarray:
+                   threads: int | None = None, overflow: str = "refuse") -> np.ndarray:
     """float rows → ggml blocks as ggml_quantize_chunk writes them (llama-quantize's quantizers): the
     reference quantizers, IQ4_NL with its 15-scale search, and given ``imatrix`` (float, one importance
     per column: the rows' last dim) the importance-weighted searches; the lattice formats (:data:`C_ONLY`)
     need a backend offering them, and IQ2_XXS, IQ2_XS, IQ1_S an imatrix. ``threads``: the C quantizers'
-    thread count (default: the backend's)."""
+    thread count (default: the backend's). ``overflow``: as :func:`quantize`'s."""
+    _overflow_mode(overflow)
     tr = _quant_traits(type)
     rows = _float_rows(rows, tr, "quantizing")
     im = _imatrix_of(imatrix, rows.shape[-1], tr)
@@ -270,9 +329,15 @@ def quantize_chunk(rows: np.ndarray, type: GGMLType | int | str, imatrix: np.nda
         _refuse_quantize(tr)
     if tr.type in (G.Q8_1, G.Q8_K):
         raise Unsupported(f"{tr.name} is an activation format: ggml_quantize_chunk does not write it")
-    fast = _accelerated(rows, tr, "chunk", im, threads) if rows.size else None
-    if fast is not None:
-        return fast
+    out = _accelerated(rows, tr, "chunk", im, threads) if rows.size else None
+    if out is None:
+        out = _chunk_in_numpy(rows, tr, im)
+    if overflow == "refuse":
+        _refuse_overflowing_scales(rows, out, tr, "quantizing")
+    return out
+
+
+def _chunk_in_numpy(rows: np.ndarray, tr: TypeTraits, im: np.ndarray | None) -> np.ndarray:
     if tr.type in C_ONLY:
         _refuse_c_only(tr)
     if tr.type == G.IQ4_NL:

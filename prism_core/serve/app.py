@@ -69,7 +69,7 @@ class Server:
         from starlette.responses import JSONResponse
         s = self.slots
         return JSONResponse({"status": "ok", "slots_idle": s.n_slots - s.active, "slots_processing": s.active,
-                             "queued": s.waiting})
+                             "queued": s.waiting, "kv_cells_used": self.model.cache.used()})
 
     async def models(self, request):
         from starlette.responses import JSONResponse

@@ -3,13 +3,14 @@ pre-tokenize into words, map each word's bytes to GPT-2's printable characters (
 whose tokens are raw UTF-8 with ``▁`` for spaces), merge the adjacent pair of lowest merge rank
 (ties: the leftmost) until none is left, and look the pieces up (a piece that is no token falls
 back to its single bytes' tokens, silently dropping those the vocabulary lacks, as llama.cpp).
-A heap keeps each word linear-logarithmic, and a cache makes repeated words one lookup."""
+The merge queue (:mod:`.merge_queue`) keeps each word linear-logarithmic, and a cache makes repeated
+words one lookup."""
 
 from __future__ import annotations
 
-import heapq
-
+from .merge_queue import merge
 from .pretokenize import make_splitter
+from .token_table import Lookups
 from .vocab import Vocab
 
 
@@ -42,6 +43,10 @@ class BpeModel:
         self.token_to_id = vocab.token_to_id
         self._cache: dict[str, list[int]] = {}
         self._newline_runs_whole = vocab.pre == "gemma4"
+        self._lookup = Lookups(vocab.token_to_id)
+        # above any merged piece's length: merge "a b" joins pieces of len("a b") - 1 characters
+        self._span = max((len(m) for m in self.ranks), default=1) + 1
+        self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
     def encode(self, text: str, out: list[int]) -> None:
         cache = self._cache
@@ -59,50 +64,21 @@ class BpeModel:
         v = self.vocab
         if (v.ignore_merges or (self._newline_runs_whole and not word.strip("\n"))) and word in ids:
             return [ids[word]]
-        return self._lookup(self._merge(word))
+        return self._ids(self._merge(word))
+
+    def _pair_rank(self, a: str, b: str) -> int | None:
+        return self.ranks.get(f"{a} {b}")
 
     def _merge(self, word: str) -> list[str]:
-        n = len(word)
-        if n < 2:
-            return [word]
-        ranks = self.ranks
-        pieces = list(word)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap = []
-        for i in range(n - 1):
-            r = ranks.get(pieces[i] + " " + pieces[i + 1])
-            if r is not None:
-                heap.append((r, i, i + 1, pieces[i] + pieces[i + 1]))
-        heapq.heapify(heap)
-        while heap:
-            _, left, right, cat = heapq.heappop(heap)
-            lp, rp = pieces[left], pieces[right]
-            if not lp or not rp or lp + rp != cat:
-                continue
-            pieces[left] = cat
-            pieces[right] = ""
-            nr = nxt[right]
-            nxt[left] = nr
-            if nr >= 0:
-                prv[nr] = left
-            pl = prv[left]
-            if pl >= 0:
-                r = ranks.get(pieces[pl] + " " + cat)
-                if r is not None:
-                    heapq.heappush(heap, (r, pl, left, pieces[pl] + cat))
-            if nr >= 0:
-                r = ranks.get(cat + " " + pieces[nr])
-                if r is not None:
-                    heapq.heappush(heap, (r, left, nr, cat + pieces[nr]))
-        return [p for p in pieces if p]
+        pieces, ops = merge(word, self._pair_rank, self._span)
+        self.heap_ops += ops
+        return pieces
 
-    def _lookup(self, pieces: list[str]) -> list[int]:
-        ids = self.token_to_id
+    def _ids(self, pieces: list[str]) -> list[int]:
+        lookup = self._lookup
         out = []
         for p in pieces:
-            tid = ids.get(p)
+            tid = lookup(p)
             if tid is not None:
                 out.append(tid)
                 continue
@@ -110,7 +86,7 @@ class BpeModel:
                 key = chr(b) if b < 0x80 else bytes([b]).decode("utf-8", errors="surrogateescape")
                 if not self.vocab.byte_encode:
                     key = f"<0x{b:02X}>"
-                tid = ids.get(key)
+                tid = lookup(key)
                 if tid is not None:
                     out.append(tid)
         return out

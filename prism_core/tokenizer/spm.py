@@ -11,13 +11,13 @@ the pieces repeat (words) and their results can be cached.
 
 from __future__ import annotations
 
-import heapq
 import re
-from array import array
 
 import numpy as np
 
 from ..errors import InvalidArgument
+from .merge_queue import merge
+from .token_table import Lookups
 from .vocab import Vocab
 
 SPACE = "\u2581"
@@ -27,7 +27,6 @@ class SpmModel:
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
         self.token_to_id = vocab.token_to_id
-        self.scores = array("f", vocab.scores.astype(np.float32).tobytes())  # float, as llama.cpp's scores
         glue = vocab.tokens.chars_before(SPACE)  # characters a token holds right before a space mark
         if glue:
             cls = "".join(re.escape(c) for c in sorted(glue))
@@ -36,6 +35,13 @@ class SpmModel:
             self._cut = re.compile(f"(?={SPACE})")
         self._byte_ids = [self._byte_token(b) for b in range(256)]
         self._cache: dict[str, list[int]] = {}
+        self._lookup = Lookups(vocab.token_to_id)
+        # the queue's order: by score (float, as llama.cpp's), highest first; equal scores share a rank
+        scores = vocab.scores.astype(np.float32)
+        distinct = np.unique(scores)
+        self._rank = (len(distinct) - 1 - np.searchsorted(distinct, scores)).tolist()
+        self._span = vocab.tokens.max_nbytes + 1  # above any token's length in characters
+        self.heap_ops = 0  # heap pushes and pops so far: the merge work, counted (tests check its growth)
 
     def _byte_token(self, b: int) -> int | None:
         ids = self.token_to_id
@@ -56,53 +62,17 @@ class SpmModel:
                     cache[chunk] = ids
             out.extend(ids)
 
+    def _pair_rank(self, a: str, b: str) -> int | None:
+        tid = self._lookup(a + b)
+        return None if tid is None else self._rank[tid]
+
     def _encode_chunk(self, text: str) -> list[int]:
-        ids, scores = self.token_to_id, self.scores
-        n = len(text)
-        pieces = list(text)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heap: list[tuple[float, int, int, int]] = []
-
-        def push(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            cat = pieces[left] + pieces[right]
-            tid = ids.get(cat)
-            if tid is not None:
-                heap.append((-scores[tid], left, right, len(cat)))
-
-        for i in range(n - 1):
-            push(i, i + 1)
-        heapq.heapify(heap)
-
-        def push_heap(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            cat = pieces[left] + pieces[right]
-            tid = ids.get(cat)
-            if tid is not None:
-                heapq.heappush(heap, (-scores[tid], left, right, len(cat)))
-
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            lp, rp = pieces[left], pieces[right]
-            if not lp or not rp or len(lp) + len(rp) != size:
-                continue
-            pieces[left] = lp + rp
-            pieces[right] = ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            push_heap(prv[left], left)
-            push_heap(left, nxt[left])
-
+        pieces, ops = merge(text, self._pair_rank, self._span)
+        self.heap_ops += ops
+        lookup = self._lookup
         out: list[int] = []
-        i = 0
-        while i != -1:
-            p = pieces[i]
-            tid = ids.get(p)
+        for p in pieces:
+            tid = lookup(p)
             if tid is not None:
                 out.append(tid)
             else:
@@ -112,5 +82,4 @@ class SpmModel:
                         raise InvalidArgument(f"the vocabulary has no byte token <0x{b:02X}> for the byte fallback "
                                               f"of {p!r} (tokenizer.ggml.tokens)")
                     out.append(bt)
-            i = nxt[i]
         return out

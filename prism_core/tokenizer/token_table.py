@@ -176,3 +176,25 @@ class TokenIndex(Mapping[str, int]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+
+class Lookups:
+    """Text -> id (or None) over a token index, remembering up to ``limit`` answers. The merge loops
+    ask about the same few thousand candidate pieces again and again on a long text, and each
+    :class:`TokenIndex` lookup costs a UTF-8 encoding, a hash and a bisect; a dict hit is a fraction
+    of that. Bounded, so an adversarial text costs memory no more than the limit."""
+
+    def __init__(self, index: Mapping[str, int], limit: int = 1 << 16) -> None:
+        self.index = index
+        self.limit = limit
+        self.known: dict[str, int | None] = {}
+
+    def __call__(self, text: str) -> int | None:
+        known = self.known
+        try:
+            return known[text]
+        except KeyError:
+            pass
+        tid = self.index.get(text)
+        if len(known) < self.limit:
+            known[text] = tid
+        return tid

@@ -26,15 +26,17 @@ class WpmModel:
 
     def words(self, text: str) -> list[str]:
         v = self.vocab
-        words = [""]
+        words: list[str] = []
+        word: list[str] = []  # the word being read, joined once at its end: += on a list's str copies it
         for ch in text:
             cp = ord(ch)
             if v.strip_accents:
                 cp = uc.nfd_base(cp)
             f = uc.flags_of(cp)
             if f & uc.IS_WHITESPACE:
-                if words[-1]:
-                    words.append("")
+                if word:
+                    words.append("".join(word))
+                    word.clear()
                 continue
             if cp == 0 or cp == 0xFFFD or f & uc.CONTROL:
                 continue
@@ -42,14 +44,14 @@ class WpmModel:
                 continue
             s = chr(uc.to_lower(cp) if v.lowercase else cp)
             if f & uc.PUNCTUATION or (cp < 0x7F and f & uc.SYMBOL) or _is_cjk(cp):
-                if words[-1]:
-                    words.append("")
-                words[-1] = s
-                words.append("")
+                if word:
+                    words.append("".join(word))
+                    word.clear()
+                words.append(s)
             else:
-                words[-1] += s
-        if not words[-1]:
-            words.pop()
+                word.append(s)
+        if word:
+            words.append("".join(word))
         return words
 
     def encode(self, text: str, out: list[int]) -> None:

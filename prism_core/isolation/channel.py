@@ -1,6 +1,6 @@
-"""Messages between the conformance run and its worker processes: pickled objects, each
-preceded by its length, over pipes; a reader waits with a deadline and a stop flag so that
-the waiting side can give up on a worker that hangs or is no longer wanted."""
+"""Messages between a process and its isolated children (conformance workers, plugin probes):
+pickled objects, each preceded by its length, over pipes; a reader waits with a deadline and
+a stop flag so that the waiting side can give up on a child that hangs or is no longer wanted."""
 
 from __future__ import annotations
 
