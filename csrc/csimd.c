@@ -63,33 +63,15 @@ static int64_t csimd_cache_bytes(int level) {
 /* portable path: 16-byte GCC vectors (SSE2 on x86-64, NEON elsewhere, or scalar code) */
 #define SFX scalar
 #define ATTR
-#define VB 16
-#define MR 4
-#define NR 8
 #define ISA_LEVEL 0
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 
 #if CSIMD_X86
 #define CSIMD_AVXVNNI 0
 #define SFX avx2
 #define ATTR __attribute__((target("avx2,fma,f16c")))
-#define VB 32
-#define MR 6
-#define NR 16
 #define ISA_LEVEL 1
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 
 /* AVX2 with AVX-VNNI (vpdpbusd on ymm, VEX): only its quantized kernels are called (q_dp4 differs),
    every other kernel of the copy is the AVX2 one and never referenced */
@@ -99,34 +81,16 @@ static int64_t csimd_cache_bytes(int level) {
 #pragma GCC diagnostic ignored "-Wunused-function"
 #define SFX avxvnni
 #define ATTR __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define VB 32
-#define MR 6
-#define NR 16
 #define ISA_LEVEL 1
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 #pragma GCC diagnostic pop
 #undef CSIMD_AVXVNNI
 #define CSIMD_AVXVNNI 0
 
 #define SFX avx512
 #define ATTR __attribute__((target("avx512f,avx2,fma,f16c")))
-#define VB 64
-#define MR 12
-#define NR 32
 #define ISA_LEVEL 2
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 #endif
 
 #if CSIMD_ARM64

@@ -1,8 +1,23 @@
 /* Kernel template, included once per ISA by csimd.c with
-   SFX (name suffix), ATTR (function attributes), VB (vector bytes), MR x NR (GEMM micro-tile),
-   ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512), CSIMD_ARM_Q (arm64: 0 portable, 1 neon, 2 dotprod,
-   3 i8mm; csimd_neon.h, csimd_neon_quant.h). Plain C with GCC vector extensions;
+   SFX (name suffix), ATTR (function attributes), ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512),
+   CSIMD_ARM_Q (arm64: 0 portable, 1 neon, 2 dotprod, 3 i8mm; csimd_neon.h, csimd_neon_quant.h); it
+   undefines SFX, ATTR and ISA_LEVEL at its end. Plain C with GCC vector extensions;
    the target attribute lets the compiler use the ISA's registers for these functions only. */
+/* VB (vector bytes) and the GEMM micro-tile MR x NR follow from the level: the tile fills about half
+   the vector registers (16 on AVX2, 32 on AVX-512 and NEON: 4x16 keeps the portable 4-row packing of b) */
+#if ISA_LEVEL == 2
+#define VB 64
+#define MR 12
+#define NR 32
+#elif ISA_LEVEL == 1
+#define VB 32
+#define MR 6
+#define NR 16
+#else
+#define VB 16
+#define MR 4
+#define NR (CSIMD_ARM_Q ? 16 : 8)
+#endif
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SFX)
@@ -1519,3 +1534,9 @@ ATTR static void FN(group_norm)(int64_t n_groups, float eps, const csimd_tensor 
 #undef VFU
 #undef VI
 #undef VL
+#undef SFX
+#undef ATTR
+#undef VB
+#undef MR
+#undef NR
+#undef ISA_LEVEL

@@ -17,17 +17,8 @@
 #define CSIMD_ARM_Q 1
 #define SFX neon
 #define ATTR
-#define VB 16
-#define MR 4
-#define NR 16
 #define ISA_LEVEL 0
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 
 /* dotprod and i8mm: only their quantized kernels are called (ARM_QCALL); the rest of each copy is the
    neon one and never referenced */
@@ -37,33 +28,15 @@
 #define CSIMD_ARM_Q 2
 #define SFX dotprod
 #define ATTR CSIMD_TARGET_DOTPROD
-#define VB 16
-#define MR 4
-#define NR 16
 #define ISA_LEVEL 0
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 
 #undef CSIMD_ARM_Q
 #define CSIMD_ARM_Q 3
 #define SFX i8mm
 #define ATTR CSIMD_TARGET_I8MM
-#define VB 16
-#define MR 4
-#define NR 16
 #define ISA_LEVEL 0
 #include "csimd_impl.h"
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
 #pragma GCC diagnostic pop
 #undef CSIMD_ARM_Q
 #define CSIMD_ARM_Q 0

@@ -574,6 +574,27 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q4q5_k(const fl
     q_k45_store(x, y, L, ls, lm, max_scale / 63.f, max_min / 63.f, five);
 }
 
+/* Q2_K's last step: every value requantized against its group's stored scale and min (4-bit pairs in
+   y[0..15], d and dmin at y + 80 and y + 82; a group of scale 0 keeps its first quants), the 2-bit quants
+   packed four to a byte into qs (y + 16) */
+__attribute__((optimize("fp-contract=off"))) static void q_q2k_requant_pack(const float *x, uint8_t *y, uint8_t *L) {
+    const float dh = q_f16(y + 80), dminh = q_f16(y + 82);
+    for (int j = 0; j < 16; j++) {
+        const float d = dh * (float)(y[j] & 0xF);
+        if (!d) continue;
+        const float m = dminh * (float)(y[j] >> 4);
+        for (int i = 0; i < 16; i++) {
+            const int l = q_nearest_int((x[16 * j + i] + m) / d);
+            L[16 * j + i] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
+        }
+    }
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Lh = L + 128 * h;
+            y[16 + 32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+        }
+}
+
 /* Q2_K as ggml's quantize_row_q2_K_ref: 16 groups of 16, make_qkx2_quants with |x| weights and absolute
    errors, 4-bit scales and mins relative to the largest */
 __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const float *x, uint8_t *y) {
@@ -596,21 +617,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const floa
         for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(q_nearest_int(iscale * mins[j]) << 4);
         q_put_f16(y + 82, max_min / 15.f);
     }
-    const float dh = q_f16(y + 80), dminh = q_f16(y + 82);
-    for (int j = 0; j < 16; j++) {
-        const float d = dh * (float)(sc[j] & 0xF);
-        if (!d) continue;
-        const float dm = dminh * (float)(sc[j] >> 4);
-        for (int ii = 0; ii < 16; ii++) {
-            const int l = q_nearest_int((x[16 * j + ii] + dm) / d);
-            L[16 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
-        }
-    }
-    for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l++) {
-            const uint8_t *Lh = L + 128 * h;
-            y[16 + 32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
-        }
+    q_q2k_requant_pack(x, y, L);
 }
 
 #include "csimd_quantize_k3iq4.h" /* Q3_K, IQ4_NL, IQ4_XS */

@@ -114,11 +114,40 @@ static int q_view_ok(const csimd_tensor *t, int qt) {
     return nonneg(t) && t->ne[0] % q_block_elems(qt) == 0 && t->nb[0] == q_block_bytes(qt);
 }
 
+/* t's block type when t is a quantized view (q_view_ok), else -1 */
+static int q_view_type(const csimd_tensor *t) {
+    const int qt = q_type_of(t);
+    return qt >= 0 && q_view_ok(t, qt) ? qt : -1;
+}
+
+static inline int q_mode_ok(int mode) { return mode == 0 || mode == 1; } /* as csimd_q_quantize's */
+
+/* t's block type when the kernels can quantize into t: a quantized view whose type has a quantizer,
+   written in a valid mode; else -1 */
+static int q_dest_type(const csimd_tensor *t, int mode) {
+    const int qt = q_view_type(t);
+    return qt >= 0 && q_has_quantizer(qt) && q_mode_ok(mode) ? qt : -1;
+}
+
+/* Scratch rows of a parallel loop over rows: one row of n floats (and 16 spare) per thread of nth, 64-byte
+   aligned, allocated before the loop so that an op that cannot get them stops before writing anything;
+   q_my_row gives the calling thread its own */
+static inline int64_t q_row_stride(int64_t n) { return (n + 16 + 15) / 16 * 16; }
+static float *q_scratch_rows(int nth, int64_t n) { return (float *)csimd_alloc((size_t)(nth * q_row_stride(n)) * 4); }
+static inline float *q_my_row(float *rows, int64_t n) {
+#ifdef _OPENMP
+    return rows + omp_get_thread_num() * q_row_stride(n);
+#else
+    (void)n;
+    return rows;
+#endif
+}
+
 /* MUL_MAT with a quantized a (weights [K, M, a2, a3]) and an F32 b ([K, N, b2, b3], any strides):
    d (F32, contiguous rows) = b's rows, quantized to the activation type at, times a's rows */
 int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int at, int nth) {
-    const int qa = q_type_of(a);
-    if (qa < 0 || !q_is_act_type(at) || !q_view_ok(a, qa) || !nonneg(b) || !nonneg(d) || b->type != CSIMD_F32 ||
+    const int qa = q_view_type(a);
+    if (qa < 0 || !q_is_act_type(at) || !nonneg(b) || !nonneg(d) || b->type != CSIMD_F32 ||
         d->type != CSIMD_F32 || !blocks(a, b) || b->ne[0] != a->ne[0] || a->ne[0] % q_block_elems(at) ||
         d->ne[0] != a->ne[1] || d->ne[1] != b->ne[1] || d->ne[2] != b->ne[2] || d->ne[3] != b->ne[3] ||
         d->nb[0] != 4 || d->nb[1] % 4 || b->nb[0] % 4)
@@ -140,8 +169,8 @@ int csimd_q_mul_mat(const csimd_tensor *a, const csimd_tensor *b, const csimd_te
    w[:, :, ids[e, t]] . b[:, e mod nb1, t], b's rows quantized to at */
 int csimd_q_mul_mat_id(const csimd_tensor *w, const csimd_tensor *b, const csimd_tensor *ids, const csimd_tensor *d,
                        int at, int nth) {
-    const int qw = q_type_of(w);
-    if (qw < 0 || !q_is_act_type(at) || !q_view_ok(w, qw) || !nonneg(b) || !nonneg(ids) || !nonneg(d) ||
+    const int qw = q_view_type(w);
+    if (qw < 0 || !q_is_act_type(at) || !nonneg(b) || !nonneg(ids) || !nonneg(d) ||
         ids->type != CSIMD_I32 || d->type != CSIMD_F32 || b->type != CSIMD_F32 || w->ne[3] != 1 || b->ne[3] != 1 ||
         w->ne[0] != b->ne[0] || w->ne[0] % q_block_elems(at) || b->ne[1] <= 0 || ids->ne[1] != b->ne[2] ||
         d->ne[0] != w->ne[1] || d->ne[1] != ids->ne[0] || d->ne[2] != ids->ne[1] || d->nb[0] != 4 || b->nb[0] % 4)
@@ -166,31 +195,26 @@ static void q_row_dequant(int t, const char *src, float *dst, int64_t n) {
 
 /* GET_ROWS from a quantized a: d[:, i, j, k] (F32/F16/BF16) = a's row idx[i, j, k] of matrix (j, k), dequantized */
 int csimd_q_get_rows(const csimd_tensor *a, const csimd_tensor *idx, const csimd_tensor *d, int nth) {
-    const int qt = q_type_of(a);
-    if (qt < 0 || !q_view_ok(a, qt) || !is_float(d->type) || !get_rows_ok(a, idx, d)) return -1;
+    const int qt = q_view_type(a);
+    if (qt < 0 || !is_float(d->type) || !get_rows_ok(a, idx, d)) return -1;
     const int64_t n0 = d->ne[0], nr = nrows_of(d);
-    int failed = 0;
     nth = clamp_threads(nth);
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
-    {
-        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
-        if (!tmp) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
-            if (!tmp) continue;
-            int64_t i, j, k;
-            unravel_row(d, ir, &i, &j, &k);
-            int32_t r;
-            memcpy(&r, ELT(idx, i, j, k, 0), 4);
-            if (r < 0 || r >= a->ne[1]) continue; /* checked above; never read outside */
-            q_row_dequant(qt, ELT(a, 0, r, j, k), tmp, n0);
-            char *dr = ELT(d, 0, i, j, k);
-            for (int64_t e = 0; e < n0; e++) store_f32(dr + e * d->nb[0], d->type, tmp[e]);
-        }
-        free(tmp);
+    float *rows = q_scratch_rows(nth, n0);
+    if (!rows) return -2;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        float *tmp = q_my_row(rows, n0);
+        int64_t i, j, k;
+        unravel_row(d, ir, &i, &j, &k);
+        int32_t r;
+        memcpy(&r, ELT(idx, i, j, k, 0), 4);
+        if (r < 0 || r >= a->ne[1]) continue; /* checked above; never read outside */
+        q_row_dequant(qt, ELT(a, 0, r, j, k), tmp, n0);
+        char *dr = ELT(d, 0, i, j, k);
+        for (int64_t e = 0; e < n0; e++) store_f32(dr + e * d->nb[0], d->type, tmp[e]);
     }
-    return failed ? -2 : 0;
+    free(rows);
+    return 0;
 }
 
 /* Quantizing refuses what the reference refuses: non-finite floats (ggml's quantizers turn them into
@@ -287,90 +311,78 @@ static int q_quantizable(const csimd_tensor *a, int qt, int mode, int nth) {
    quantized type copies the blocks (in row-major order, rows of any whole-block length) */
 int csimd_q_cpy(const csimd_tensor *a, const csimd_tensor *d, int mode, int nth) {
     const int qa = q_type_of(a), qd = q_type_of(d);
-    if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d) || (qa < 0 && qd < 0) || mode < 0 || mode > 1) return -1;
-    if (qa >= 0 && !q_view_ok(a, qa)) return -1;
-    if (qd >= 0 && (!q_view_ok(d, qd) || (qa < 0 && !q_has_quantizer(qd)))) return -1;
-    if ((qa < 0 && !is_float(a->type)) || (qd < 0 && !is_float(d->type))) return -1;
-    if (qa >= 0 && qd >= 0 && qa != qd) return -1;
+    /* each side F32/F16/BF16 or a quantized view; a quantized d of another type than a's is quantized into */
+    const int a_ok = qa >= 0 ? q_view_type(a) >= 0 : is_float(a->type);
+    const int d_ok = qd < 0 ? is_float(d->type) : qd == qa ? q_view_type(d) >= 0 : qa < 0 && q_dest_type(d, mode) >= 0;
+    if (!nonneg(a) || !nonneg(d) || nelem(a) != nelem(d) || (qa < 0 && qd < 0) || !q_mode_ok(mode) || !a_ok || !d_ok)
+        return -1;
     const csimd_tensor *rows = qd >= 0 ? d : a; /* the quantized side sets the rows */
     const int64_t n0 = rows->ne[0], nr = nrows_of(rows);
-    int failed = 0;
     nth = clamp_threads(nth);
     if (qd >= 0 && qa < 0 && !q_quantizable(a, qd, mode, nth)) return Q_UNQUANTIZABLE;
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
-    {
-        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
-        if (!tmp) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
-            if (!tmp) continue;
-            int64_t i1, i2, i3;
-            unravel_row(rows, ir, &i1, &i2, &i3);
-            if (qa >= 0 && qd >= 0) { /* the blocks in row-major order (a CONT may change the row length) */
-                const int64_t be = q_block_elems(qa), bb = q_block_bytes(qa), bd = n0 / be, ba = a->ne[0] / be;
-                for (int64_t jb = 0; jb < bd; jb++) {
-                    const int64_t L = ir * bd + jb, ra = L / ba;
-                    int64_t j1, j2, j3;
-                    unravel_row(a, ra, &j1, &j2, &j3);
-                    memcpy(ELT(d, 0, i1, i2, i3) + jb * bb, ELT(a, 0, j1, j2, j3) + (L % ba) * bb, (size_t)bb);
-                }
-            } else if (qa >= 0) {
-                if (d->type == CSIMD_F32 && d->nb[0] == 4 && d->ne[0] == n0) { /* row for row */
-                    int64_t j1, j2, j3;
-                    unravel_row(d, ir, &j1, &j2, &j3);
-                    q_row_dequant(qa, ELT(a, 0, i1, i2, i3), (float *)ELT(d, 0, j1, j2, j3), n0);
-                    continue;
-                }
-                q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
-                for (int64_t e = 0; e < n0; e++) store_f32(q_elt_linear(d, ir * n0 + e), d->type, tmp[e]);
-            } else {
-                if (a->ne[0] == n0) { /* row for row */
-                    int64_t j1, j2, j3;
-                    unravel_row(a, ir, &j1, &j2, &j3);
-                    const char *ar = ELT(a, 0, j1, j2, j3);
-                    for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ar + e * a->nb[0], a->type);
-                } else {
-                    for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
-                }
-                q_quantize_row(qd, mode, tmp, (uint8_t *)ELT(d, 0, i1, i2, i3), n0, NULL);
+    float *scratch = q_scratch_rows(nth, n0);
+    if (!scratch) return -2;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        float *tmp = q_my_row(scratch, n0);
+        int64_t i1, i2, i3;
+        unravel_row(rows, ir, &i1, &i2, &i3);
+        if (qa >= 0 && qd >= 0) { /* the blocks in row-major order (a CONT may change the row length) */
+            const int64_t be = q_block_elems(qa), bb = q_block_bytes(qa), bd = n0 / be, ba = a->ne[0] / be;
+            for (int64_t jb = 0; jb < bd; jb++) {
+                const int64_t L = ir * bd + jb, ra = L / ba;
+                int64_t j1, j2, j3;
+                unravel_row(a, ra, &j1, &j2, &j3);
+                memcpy(ELT(d, 0, i1, i2, i3) + jb * bb, ELT(a, 0, j1, j2, j3) + (L % ba) * bb, (size_t)bb);
             }
+        } else if (qa >= 0) {
+            if (d->type == CSIMD_F32 && d->nb[0] == 4 && d->ne[0] == n0) { /* row for row */
+                int64_t j1, j2, j3;
+                unravel_row(d, ir, &j1, &j2, &j3);
+                q_row_dequant(qa, ELT(a, 0, i1, i2, i3), (float *)ELT(d, 0, j1, j2, j3), n0);
+                continue;
+            }
+            q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
+            for (int64_t e = 0; e < n0; e++) store_f32(q_elt_linear(d, ir * n0 + e), d->type, tmp[e]);
+        } else {
+            if (a->ne[0] == n0) { /* row for row */
+                int64_t j1, j2, j3;
+                unravel_row(a, ir, &j1, &j2, &j3);
+                const char *ar = ELT(a, 0, j1, j2, j3);
+                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ar + e * a->nb[0], a->type);
+            } else {
+                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(q_elt_linear(a, ir * n0 + e), a->type);
+            }
+            q_quantize_row(qd, mode, tmp, (uint8_t *)ELT(d, 0, i1, i2, i3), n0, NULL);
         }
-        free(tmp);
     }
-    return failed ? -2 : 0;
+    free(scratch);
+    return 0;
 }
 
 /* SET_ROWS into a quantized d: d[:, c[i, j mod C1, k mod C2], j, k] = b[:, i, j, k] quantized (mode: as
    csimd_q_quantize); the other rows are left as they are. Indices are checked first, then that b can be
    quantized (Q_UNQUANTIZABLE otherwise, nothing written). */
 int csimd_q_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_tensor *d, int mode, int nth) {
-    const int qd = q_type_of(d);
-    if (qd < 0 || !q_view_ok(d, qd) || !q_has_quantizer(qd) || mode < 0 || mode > 1 || !is_float(b->type) ||
-        !set_rows_ok(b, c, d))
-        return -1;
+    const int qd = q_dest_type(d, mode);
+    if (qd < 0 || !is_float(b->type) || !set_rows_ok(b, c, d)) return -1;
     const int64_t m = b->ne[1], n0 = b->ne[0], nj = d->ne[2], nk = d->ne[3];
-    int failed = 0;
     nth = clamp_threads(nth);
     if (!q_quantizable(b, qd, mode, nth)) return Q_UNQUANTIZABLE;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
-    {
-        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
-        if (!tmp) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t jk = 0; jk < nj * nk; jk++) {
-            if (!tmp) continue;
-            const int64_t j = jk % nj, k = jk / nj;
-            for (int64_t i = 0; i < m; i++) { /* in index order: a repeated index keeps the last row, as the reference */
-                const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
-                for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ELT(b, e, i, j, k), b->type);
-                uint8_t *o = (uint8_t *)ELT(d, 0, r, j, k);
-                q_quantize_row(qd, mode, tmp, o, n0, NULL);
-            }
+    float *rows = q_scratch_rows(nth, n0);
+    if (!rows) return -2;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+    for (int64_t jk = 0; jk < nj * nk; jk++) {
+        float *tmp = q_my_row(rows, n0);
+        const int64_t j = jk % nj, k = jk / nj;
+        for (int64_t i = 0; i < m; i++) { /* in index order: a repeated index keeps the last row, as the reference */
+            const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
+            for (int64_t e = 0; e < n0; e++) tmp[e] = load_f32(ELT(b, e, i, j, k), b->type);
+            q_quantize_row(qd, mode, tmp, (uint8_t *)ELT(d, 0, r, j, k), n0, NULL);
         }
-        free(tmp);
     }
-    return failed ? -2 : 0;
+    free(rows);
+    return 0;
 }
 
 /* a quantized a dequantized whole into a contiguous F32 copy (*t describes it; free t->data) */
@@ -402,8 +414,8 @@ static int q_dequant_tensor(const csimd_tensor *a, int qt, csimd_tensor *t, int 
    whole matrix is ever held */
 #define Q_OUT_PROD_CHUNK ((int64_t)1 << 22)
 int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
-    const int qt = q_type_of(a);
-    if (qt < 0 || !q_view_ok(a, qt)) return -1;
+    const int qt = q_view_type(a);
+    if (qt < 0) return -1;
     const int64_t n0 = a->ne[0], rows = a->ne[1], step = Q_OUT_PROD_CHUNK / n0 > 0 ? Q_OUT_PROD_CHUNK / n0 : 1;
     const int64_t nd = d->ne[0] * d->ne[1] * d->ne[2] * d->ne[3];
     const int flat = a->ne[2] == 1 && a->ne[3] == 1 && b->ne[2] == 1 && b->ne[3] == 1 && d->nb[0] == 4 &&
@@ -446,47 +458,45 @@ int csimd_q_out_prod(const csimd_tensor *a, const csimd_tensor *b, const csimd_t
    float, the row stored into d: quantized again (d of a's type; mode as csimd_q_quantize; Q_UNQUANTIZABLE
    when a sum is not finite or a block's scale would overflow, nothing written) or as F32 */
 int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int mode, int nth) {
-    const int qa = q_type_of(a), qd = q_type_of(d);
-    if (qa < 0 || !q_view_ok(a, qa) || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b) ||
-        !is_float(b->type) || mode < 0 || mode > 1)
+    const int qa = q_view_type(a), qd = q_type_of(d);
+    if (qa < 0 || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b) || !is_float(b->type) || !q_mode_ok(mode))
         return -1;
-    if (qd >= 0 ? (qd != qa || !q_view_ok(d, qd) || !q_has_quantizer(qd)) : d->type != CSIMD_F32) return -1;
+    if (qd >= 0 ? qd != qa || q_dest_type(d, mode) < 0 : d->type != CSIMD_F32) return -1;
     const int64_t n0 = a->ne[0], nr = nrows_of(a);
     const int be = q_block_elems(qa), bb = q_block_bytes(qa);
     /* a quantized d gets its rows through a scratch copy, written out once every sum is known finite */
     const int64_t rb = n0 / be * bb;
     uint8_t *scratch = qd >= 0 ? (uint8_t *)csimd_alloc((size_t)(rb * nr) + 64) : NULL;
-    if (qd >= 0 && !scratch) return -2;
-    int failed = 0, nonfinite = 0;
     nth = clamp_threads(nth);
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed, nonfinite)
-    {
-        float *tmp = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
-        if (!tmp) failed = 1;
-#pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
-            if (!tmp) continue;
-            int64_t i1, i2, i3;
-            unravel_row(a, ir, &i1, &i2, &i3);
-            q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
-            const char *br = ELT(b, 0, i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3]);
-            for (int64_t e = 0; e < n0; e++) tmp[e] += load_f32(br + (e % b->ne[0]) * b->nb[0], b->type);
-            char *dr = ELT(d, 0, i1, i2, i3);
-            if (qd >= 0) {
-                int bad = 0;
-                for (int64_t e = 0; e < n0; e++) bad |= q_nonfinite_bits(tmp[e]);
-                for (int64_t e = 0; e < n0 && !bad; e += be) bad |= q_block_overflows(qd, mode, tmp + e);
-                nonfinite |= bad;
-                if (bad) continue;
-                q_quantize_row(qd, mode, tmp, scratch + ir * rb, n0, NULL);
-            } else {
-                for (int64_t e = 0; e < n0; e++) memcpy(dr + e * d->nb[0], &tmp[e], 4);
-            }
-        }
-        free(tmp);
+    float *rows = q_scratch_rows(nth, n0);
+    if ((qd >= 0 && !scratch) || !rows) {
+        free(scratch);
+        free(rows);
+        return -2;
     }
-    if (qd >= 0 && !failed && !nonfinite) {
+    int nonfinite = 0;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1) reduction(| : nonfinite)
+    for (int64_t ir = 0; ir < nr; ir++) {
+        float *tmp = q_my_row(rows, n0);
+        int64_t i1, i2, i3;
+        unravel_row(a, ir, &i1, &i2, &i3);
+        q_row_dequant(qa, ELT(a, 0, i1, i2, i3), tmp, n0);
+        const char *br = ELT(b, 0, i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3]);
+        for (int64_t e = 0; e < n0; e++) tmp[e] += load_f32(br + (e % b->ne[0]) * b->nb[0], b->type);
+        char *dr = ELT(d, 0, i1, i2, i3);
+        if (qd >= 0) {
+            int bad = 0;
+            for (int64_t e = 0; e < n0; e++) bad |= q_nonfinite_bits(tmp[e]);
+            for (int64_t e = 0; e < n0 && !bad; e += be) bad |= q_block_overflows(qd, mode, tmp + e);
+            nonfinite |= bad;
+            if (bad) continue;
+            q_quantize_row(qd, mode, tmp, scratch + ir * rb, n0, NULL);
+        } else {
+            for (int64_t e = 0; e < n0; e++) memcpy(dr + e * d->nb[0], &tmp[e], 4);
+        }
+    }
+    free(rows);
+    if (qd >= 0 && !nonfinite) {
 #pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1 && nr > 1)
         for (int64_t ir = 0; ir < nr; ir++) {
             int64_t i1, i2, i3;
@@ -495,5 +505,5 @@ int csimd_q_add(const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor
         }
     }
     free(scratch);
-    return failed ? -2 : nonfinite ? Q_UNQUANTIZABLE : 0;
+    return nonfinite ? Q_UNQUANTIZABLE : 0;
 }

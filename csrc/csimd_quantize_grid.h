@@ -249,6 +249,22 @@ __attribute__((optimize("fp-contract=off"))) static uint8_t q_signs8(const float
     return parity ? (uint8_t)(s & 127) : s;
 }
 
+/* A group of n values (n / 8 sign bytes) ahead of a grid search: its weights w (qw against sigma2 as
+   q_weights_sigma, or w0 + x^2 where qw is NULL), their square roots waux, the magnitudes xval with their
+   sign bytes (parity: as q_signs8); returns the largest magnitude */
+__attribute__((optimize("fp-contract=off"))) static float q_grid_group(int n, const float *xb, const float *qw,
+                                                                      float sigma2, float w0, int parity, float *w,
+                                                                      float *waux, float *xval, uint8_t *signs) {
+    if (qw) q_weights_sigma(n, xb, qw, sigma2, w);
+    else
+        for (int i = 0; i < n; i++) w[i] = w0 + xb[i] * xb[i];
+    for (int i = 0; i < n; i++) waux[i] = sqrtf(w[i]);
+    for (int k = 0; k < n / 8; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, parity);
+    float max = xval[0];
+    for (int i = 1; i < n; i++) max = max > xval[i] ? max : xval[i];
+    return max;
+}
+
 /* sum w*x*q and sum w*q*q over n values with q = 2*L + 1 */
 __attribute__((optimize("fp-contract=off"))) static inline void q_odd_sums(int n, const float *w, const float *x,
                                                                           const int8_t *L, float *sqx, float *sq2) {
@@ -352,11 +368,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq2_xxs(const q
     const float sigma2 = q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 1);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw + 32 * ib, sigma2, 0.0f, 1, w, waux, xval, signs);
         if (max < Q_GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;
@@ -431,13 +443,8 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq2_xs_s(const 
     const float sumx2 = q_sum_sq(256, x), sigma2 = is_s ? 2 * sumx2 / 256 : sumx2 / 256;
     for (int ib = 0; ib < 16; ib++) {
         const float *xb = x + 16 * ib;
-        if (qw) q_weights_sigma(16, xb, qw + 16 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 16; i++) w[i] = 0.25f * sigma2 + xb[i] * xb[i];
-        for (int i = 0; i < 16; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 2; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, !is_s);
-        float max = xval[0];
-        for (int i = 1; i < 16; i++) max = max > xval[i] ? max : xval[i];
+        const float max =
+            q_grid_group(16, xb, qw ? qw + 16 * ib : NULL, sigma2, 0.25f * sigma2, !is_s, w, waux, xval, signs);
         memset(L, 0, 16);
         if (max < (is_s ? Q_EPS_IQ2_S : Q_GROUP_MAX_EPS)) {
             scales[ib] = 0;
@@ -494,13 +501,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq3_xxs(const q
     const float sigma2 = 2 * q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        if (qw) q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 32; i++) w[i] = xb[i] * xb[i];
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 1);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw ? qw + 32 * ib : NULL, sigma2, 0.0f, 1, w, waux, xval, signs);
         memset(L, 0, 32);
         if (max < Q_EPS_IQ3_XXS) {
             scales[ib] = 0;
@@ -548,13 +549,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq3_s(const q_g
     const float sigma2 = 2 * q_sum_sq(256, x) / 256;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = x + 32 * ib;
-        if (qw) q_weights_sigma(32, xb, qw + 32 * ib, sigma2, w);
-        else
-            for (int i = 0; i < 32; i++) w[i] = xb[i] * xb[i];
-        for (int i = 0; i < 32; i++) waux[i] = sqrtf(w[i]);
-        for (int k = 0; k < 4; k++) signs[k] = q_signs8(xb + 8 * k, w + 8 * k, xval + 8 * k, 0);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        const float max = q_grid_group(32, xb, qw ? qw + 32 * ib : NULL, sigma2, 0.0f, 0, w, waux, xval, signs);
         memset(L, 0, 32);
         if (!max) {
             scales[ib] = 0;
@@ -649,6 +644,44 @@ __attribute__((optimize("fp-contract=off"))) static void q_iq1_sorted(int n, con
     q_sort_stable(s, n);
 }
 
+/* IQ1_S/IQ1_M, a group's levels from the winning split of the sorted values s (below b1: 0, below b2: 1,
+   else 2), turned over with the scale when it came out negative (*scale then made positive; returns 1) */
+static int q_iq1_levels(int bs, const q_val_index *s, int b1, int b2, float *scale, int8_t *L) {
+    for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
+    if (*scale >= 0) return 0;
+    for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
+    *scale = -*scale;
+    return 1;
+}
+
+/* IQ1_S/IQ1_M: each 8 of a group's nk * 8 levels put on the grid (index[k]; one off the grid moves to its best
+   neighbour against the values xxs[k] stand for), and the scale refitted to the grid points when any was off */
+__attribute__((optimize("fp-contract=off"))) static void q_iq1_snap(const q_grid *g, int nk, const float *xb,
+                                                                   const float *w, const float *const *xxs, int8_t *L,
+                                                                   uint16_t *index, float *scale) {
+    int all_on = 1;
+    for (int k = 0; k < nk; k++) {
+        const int u = q_point_index(L + 8 * k, 8, 2);
+        int gi = g->map[u];
+        if (gi < 0) {
+            all_on = 0;
+            gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, *scale, xxs[k], L + 8 * k);
+        }
+        index[k] = (uint16_t)gi;
+    }
+    if (all_on) return;
+    float sqx = 0, sq2 = 0;
+    for (int k = 0; k < nk; k++) {
+        const int8_t *p = g->pos + (size_t)index[k] * 8;
+        for (int j = 0; j < 8; j++) {
+            const float ww = w[8 * k + j], q = xxs[k][(p[j] - 1) / 2];
+            sqx += ww * q * xb[8 * k + j];
+            sq2 += ww * q * q;
+        }
+    }
+    if (sqx > 0 && sq2 > 0) *scale = sqx / sq2;
+}
+
 /* IQ1_S (qw required): blocks of 32, values -1, 0, 1 shifted by +-1/8 (one shift per block), exact
    search over the two cut points of the sorted values, groups of 8 put on the 2048-point grid; 3-bit block
    scales, d = max/15 scaled by 1.125 */
@@ -713,35 +746,10 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq1_s(const q_g
             shifts[ib] = 1;
             continue;
         }
-        for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
-        if (scale < 0) {
-            for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
-            scale = -scale;
-            shift = -shift;
-        }
-        int all_on = 1;
+        if (q_iq1_levels(bs, s, b1, b2, &scale, L)) shift = -shift;
         const float *xx = shift == 1 ? x_p : x_m;
-        for (int k = 0; k < bs / 8; k++) {
-            const int u = q_point_index(L + 8 * k, 8, 2);
-            int gi = g->map[u];
-            if (gi < 0) {
-                all_on = 0;
-                gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, scale, xx, L + 8 * k);
-            }
-            index[k] = (uint16_t)gi;
-        }
-        if (!all_on) {
-            float sqx = 0, sq2 = 0;
-            for (int k = 0; k < bs / 8; k++) {
-                const int8_t *p = g->pos + (size_t)index[k] * 8;
-                for (int j = 0; j < 8; j++) {
-                    const float ww = w[8 * k + j], q = xx[(p[j] - 1) / 2];
-                    sqx += ww * q * xb[8 * k + j];
-                    sq2 += ww * q * q;
-                }
-            }
-            if (sqx > 0 && sq2 > 0) scale = sqx / sq2;
-        }
+        const float *xxs[4] = {xx, xx, xx, xx};
+        q_iq1_snap(g, bs / 8, xb, w, xxs, L, index, &scale);
         uint16_t h = 0;
         for (int k = 0; k < bs / 8; k++) {
             qs[(bs / 8) * ib + k] = (uint8_t)(index[k] & 255);
@@ -841,36 +849,9 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_iq1_m(const q_g
             shifts[ib] = 0;
             continue;
         }
-        for (int j = 0; j < bs; j++) L[s[j].i] = (int8_t)(j < b1 ? 0 : j < b2 ? 1 : 2);
-        if (scale < 0) {
-            for (int j = 0; j < bs; j++) L[j] = (int8_t)(2 - L[j]);
-            scale = -scale;
-            bk = 3 - bk; /* 0 <-> 3, 1 <-> 2 */
-        }
-        int all_on = 1;
-        for (int k = 0; k < 2; k++) {
-            const float *xx = (k == 0 ? bk < 2 : bk % 2 == 0) ? x_p : x_m;
-            const int u = q_point_index(L + 8 * k, 8, 2);
-            int gi = g->map[u];
-            if (gi < 0) {
-                all_on = 0;
-                gi = q_iq1_neighbour(g, q_neighbours_of(g, u), xb + 8 * k, w + 8 * k, scale, xx, L + 8 * k);
-            }
-            index[k] = (uint16_t)gi;
-        }
-        if (!all_on) {
-            float fqx = 0, fq2 = 0;
-            for (int k = 0; k < 2; k++) {
-                const float *xx = (k == 0 ? bk < 2 : bk % 2 == 0) ? x_p : x_m;
-                const int8_t *p = g->pos + (size_t)index[k] * 8;
-                for (int j = 0; j < 8; j++) {
-                    const float ww = w[8 * k + j], q = xx[(p[j] - 1) / 2];
-                    fqx += ww * q * xb[8 * k + j];
-                    fq2 += ww * q * q;
-                }
-            }
-            if (fqx > 0 && fq2 > 0) scale = fqx / fq2;
-        }
+        if (q_iq1_levels(bs, s, b1, b2, &scale, L)) bk = 3 - bk; /* 0 <-> 3, 1 <-> 2 */
+        const float *xxs[2] = {bk < 2 ? x_p : x_m, bk % 2 == 0 ? x_p : x_m};
+        q_iq1_snap(g, 2, xb, w, xxs, L, index, &scale);
         qs[2 * ib] = (uint8_t)(index[0] & 255);
         qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
         qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));

@@ -61,37 +61,22 @@ static inline int q_q3k_scale(const uint8_t *s, int j) {
     return (lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
 }
 
-/* Q3_K: 16 groups of 16 searched as above, 6-bit group scales relative to the one of largest magnitude
-   (d = 1/iscale, iscale = -32/that scale), then every value requantized against its stored scale.
-   Block: hmask[32] (bit k of byte l: the high bit of element 32k + l), qs[64] (2-bit low parts),
-   scales[12], d (fp16). */
-__attribute__((optimize("fp-contract=off"))) static void q_quant_q3_k(const float *x, uint8_t *y) {
-    int8_t L[256];
-    float scales[16], max_scale = 0.0f, amax = 0.0f;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = q_make_q3_quants_rmse(16, 4, x + 16 * j, L + 16 * j);
-        const float a = fabsf(scales[j]);
-        if (a > amax) { amax = a; max_scale = scales[j]; }
-    }
-    uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
-    memset(sc, 0, 12);
-    if (max_scale != 0.0f) {
-        const float iscale = -32.0f / max_scale;
-        for (int j = 0; j < 16; j++) {
-            int l = (int8_t)q_nearest_int(iscale * scales[j]); /* ggml keeps it in an int8_t */
-            l = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
-            if (j < 8) sc[j] = (uint8_t)(l & 0xF);
-            else sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
-            sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
-        }
-        q_put_f16(y + 108, 1.0f / iscale);
-    } else {
-        q_put_f16(y + 108, 0.0f);
-    }
+/* stores l (0..63: the signed scale + 32) as group j's scale, the inverse of q_q3k_scale (sc zeroed first) */
+static inline void q_q3k_put_scale(uint8_t *sc, int j, int l) {
+    if (j < 8) sc[j] = (uint8_t)(l & 0xF);
+    else sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
+    sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+}
+
+/* Q3_K's last step: every value requantized against its group's stored scale (a group of scale 0 keeps its
+   first quants, L as level + 4), the high bits into hmask and the 2-bit low parts packed into qs */
+__attribute__((optimize("fp-contract=off"))) static void q_q3k_requant_pack(const float *x, uint8_t *y, int8_t *L) {
+    uint8_t *hmask = y, *qs = y + 32;
+    const uint8_t *sc = y + 96;
     const float dh = q_f16(y + 108);
     for (int j = 0; j < 16; j++) {
         const float d = dh * (float)q_q3k_scale(sc, j);
-        if (d == 0.0f) continue; /* the group keeps its first quants */
+        if (d == 0.0f) continue;
         for (int i = 0; i < 16; i++) {
             int l = q_nearest_int(x[16 * j + i] / d);
             l = l < -4 ? -4 : l > 3 ? 3 : l;
@@ -109,6 +94,34 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q3_k(const floa
             const int8_t *Lh = L + 128 * h;
             qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
         }
+}
+
+/* Q3_K: 16 groups of 16 searched as above, 6-bit group scales relative to the one of largest magnitude
+   (d = 1/iscale, iscale = -32/that scale), then every value requantized against its stored scale.
+   Block: hmask[32] (bit k of byte l: the high bit of element 32k + l), qs[64] (2-bit low parts),
+   scales[12], d (fp16). */
+__attribute__((optimize("fp-contract=off"))) static void q_quant_q3_k(const float *x, uint8_t *y) {
+    int8_t L[256];
+    float scales[16], max_scale = 0.0f, amax = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        scales[j] = q_make_q3_quants_rmse(16, 4, x + 16 * j, L + 16 * j);
+        const float a = fabsf(scales[j]);
+        if (a > amax) { amax = a; max_scale = scales[j]; }
+    }
+    uint8_t *sc = y + 96;
+    memset(sc, 0, 12);
+    if (max_scale != 0.0f) {
+        const float iscale = -32.0f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            int l = (int8_t)q_nearest_int(iscale * scales[j]); /* ggml keeps it in an int8_t */
+            l = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
+            q_q3k_put_scale(sc, j, l);
+        }
+        q_put_f16(y + 108, 1.0f / iscale);
+    } else {
+        q_put_f16(y + 108, 0.0f);
+    }
+    q_q3k_requant_pack(x, y, L);
 }
 
 /* ---------------------------------------------------------------- IQ4_NL, IQ4_XS */

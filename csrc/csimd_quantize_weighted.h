@@ -159,23 +159,8 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k_w(const fl
     const float dm0 = q_make_qp_quants(16, 15, scales, Ls, sw), mm0 = q_make_qp_quants(16, 15, mins, Lm, sw);
     q_put_f16(y + 80, dm0);
     q_put_f16(y + 82, mm0);
-    const float dm = q_f16(y + 80), mm = q_f16(y + 82);
-    uint8_t *sc = y;
-    for (int j = 0; j < 16; j++) sc[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
-    for (int j = 0; j < 16; j++) {
-        const float d = dm * (float)(sc[j] & 0xF);
-        if (!d) continue;
-        const float m = mm * (float)(sc[j] >> 4);
-        for (int i = 0; i < 16; i++) {
-            const int l = q_nearest_int((x[16 * j + i] + m) / d);
-            L[16 * j + i] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
-        }
-    }
-    for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l++) {
-            const uint8_t *Lh = L + 128 * h;
-            y[16 + 32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
-        }
+    for (int j = 0; j < 16; j++) y[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
+    q_q2k_requant_pack(x, y, L);
 }
 
 /* quantize_row_q3_K_impl: 16 groups of 16 by make_qx_quants (rmse 1) against weights qw * sqrt(sigma2 +
@@ -192,37 +177,11 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q3_k_w(const fl
         sw[j] = s;
         scales[j] = q_make_qx_quants_rmse1(16, 4, x + 16 * j, w, L + 16 * j);
     }
-    uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
-    memset(sc, 0, 12);
+    memset(y + 96, 0, 12);
     const float d_block = q_make_qx_quants_rmse1(16, 32, scales, sw, Ls);
-    for (int j = 0; j < 16; j++) {
-        const int l = Ls[j];
-        if (j < 8) sc[j] = (uint8_t)(l & 0xF);
-        else sc[j - 8] |= (uint8_t)((l & 0xF) << 4);
-        sc[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
-    }
+    for (int j = 0; j < 16; j++) q_q3k_put_scale(y + 96, j, Ls[j]);
     q_put_f16(y + 108, d_block);
-    const float dh = q_f16(y + 108);
-    for (int j = 0; j < 16; j++) {
-        const float d = dh * (float)q_q3k_scale(sc, j);
-        if (!d) continue;
-        for (int i = 0; i < 16; i++) {
-            int l = q_nearest_int(x[16 * j + i] / d);
-            l = l < -4 ? -4 : l > 3 ? 3 : l;
-            L[16 * j + i] = (int8_t)(l + 4);
-        }
-    }
-    memset(hmask, 0, 32);
-    for (int j = 0; j < 256; j++)
-        if (L[j] > 3) {
-            hmask[j % 32] |= (uint8_t)(1u << (j / 32));
-            L[j] = (int8_t)(L[j] - 4);
-        }
-    for (int h = 0; h < 2; h++)
-        for (int l = 0; l < 32; l++) {
-            const int8_t *Lh = L + 128 * h;
-            qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
-        }
+    q_q3k_requant_pack(x, y, L);
 }
 
 /* quantize_row_q4_K_impl (five = 0) and q5_K_impl (five = 1): 8 groups of 32 by make_qkx3_quants against

@@ -47,8 +47,12 @@ def _missing() -> str | None:
         return f"{CROSS_CC} not found (Debian: apt-get install gcc-aarch64-linux-gnu)"
     if not shutil.which(QEMU):
         return f"{QEMU} not found (Debian: apt-get install qemu-user)"
-    if not _tree_python():
+    python = _tree_python()
+    if not python:
         return f"no arm64 Debian tree with python3 at {ARM64_ROOT} (PRISM_ARM64_ROOT; docs/isa.md says how to make one)"
+    if not (ARM64_ROOT / "usr" / "include" / python.name / "Python.h").is_file():
+        return (f"the arm64 tree at {ARM64_ROOT} lacks {python.name}'s headers, which the cross build needs "
+                "(libpython3-dev: docs/isa.md)")
     return None
 
 

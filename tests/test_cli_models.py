@@ -113,3 +113,6 @@ def test_prism_run_prints_its_statistics_when_interrupted():
     err = err.decode()
     assert p.returncode == 130, err
     assert "interrupted after" in err and "[numpy] prompt 6 tokens:" in err and "decode" in err
+    # the reference's warning, as one line (not Python's file:line and source line)
+    assert "prism: warning: the numpy reference backend computes a model exactly" in err, err
+    assert "PrismWarning" not in err and "model = load(" not in err, err

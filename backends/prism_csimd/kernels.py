@@ -16,6 +16,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument, Unsupported
+from prism_core.ops.semantics import checked_row_indices
 from prism_core.ops.table import QUANTIZED
 from prism_core.plugin.base import KernelTable
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
@@ -339,9 +340,7 @@ def _mul_mat(n: Tensor) -> None:
 def _get_rows(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
-    idx = b.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
-        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): min {idx.min()}, max {idx.max()}")
+    checked_row_indices("GET_ROWS", b, a.ne[1])
     _check(_lib().csimd_get_rows(desc(a, keep), desc(b, keep), desc(n, keep), _nth(n.nelements)), "GET_ROWS")
 
 
@@ -395,9 +394,7 @@ def _diag_mask(n: Tensor) -> None:
 def _get_rows_back(n: Tensor) -> None:
     keep: list = []
     g, b = n.src[0], n.src[1]
-    idx = b.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
-        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    checked_row_indices("GET_ROWS_BACK", b, n.ne[1])
     _check(_lib().csimd_get_rows_back(desc(g, keep), desc(b, keep), desc(n, keep)), "GET_ROWS_BACK")
 
 
@@ -538,9 +535,7 @@ def _set_rows(n: Tensor) -> None:
     b, c, a = n.src[0], n.src[1], n.src[2]
     if n.type != a.type:
         raise InvalidArgument("SET_ROWS: the result must have the destination's type")
-    idx = c.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
-        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    checked_row_indices("SET_ROWS", c, n.ne[1])
     _check(_lib().csimd_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), _nth(b.nelements)), "SET_ROWS")
 
 

@@ -333,10 +333,7 @@ def repeat_back(x, lx, o, kind):
     t1 = x.shape[2] // s1
     t0 = x.shape[3] // s0
     for r in prange(s3 * s2 * s1):
-        j1 = r % s1
-        t = r // s1
-        j2 = t % s2
-        j3 = t // s2
+        j3, j2, j1 = row_index(r, s1, s2)
         for j0 in range(s0):
             acc = 0.0
             for k3 in range(t3):

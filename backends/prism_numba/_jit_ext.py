@@ -35,10 +35,7 @@ def rope(x, lx, o, kind, pos, which, inv_freq, ff, mix, first, second, freq_scal
             cs[t, k] = np.cos(th) * mscale
             sn[t, k] = sign * (np.sin(th) * mscale)
     for r in prange(n3 * nt * nh):
-        i1 = r % nh
-        t = r // nh
-        i2 = t % nt
-        i3 = t // nt
+        i3, i2, i1 = row_index(r, nh, nt)
         # dims outside the rotated pairs are copied (a no-op in place)
         for i0 in range(n0):
             st(o, kind, i3, i2, i1, i0, ld(x, lx, i3, i2, i1, i0))
@@ -66,10 +63,7 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
     gv = nh // hv
     m3, m2 = mask.shape[0], mask.shape[1]
     for r in prange(nb * nh * nq):
-        iq = r % nq
-        t = r // nq
-        h = t % nh
-        b = t // nh
+        b, h, iq = row_index(r, nq, nh)
         kh = h // gk
         vh = h // gv
         slope = slopes[h]
@@ -156,10 +150,7 @@ def im2col(x, lx, o, kind, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
     nb, oh_n, ow_n, ncol = o.shape
     ic_n, ih, iw = x.shape[1], x.shape[2], x.shape[3]
     for r in prange(nb * oh_n * ow_n):
-        ow = r % ow_n
-        t = r // ow_n
-        oh = t % oh_n
-        n = t // oh_n
+        n, oh, ow = row_index(r, ow_n, oh_n)
         for ic in range(ic_n):
             for kh in range(kh_n):
                 y = oh * s1 + kh * d1 - p1
@@ -172,31 +163,32 @@ def im2col(x, lx, o, kind, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
                         st(o, kind, n, oh, ow, col, 0.0)
 
 
+@njit(inline="always", **_OPTS)
+def _strided_pos(t, s, n):
+    """t // s when t is a non-negative multiple of the stride s and t // s < n, else -1: the window position
+    whose tap lands t steps into the input (the transposed direction of a strided window)."""
+    if t < 0 or t % s != 0:
+        return -1
+    q = t // s
+    return q if q < n else -1
+
+
 @njit(parallel=True, **_OPTS)
 def im2col_back(g, lg, o, kh_n, kw_n, s0, s1, p0, p1, d0, d1):
     """o[n, ic, y, x] = sum over the taps (kh, kw) that read (y, x) of g[n, oh, ow, col]."""
     nb, ic_n, ih, iw = o.shape
     oh_n, ow_n = g.shape[1], g.shape[2]
     for r in prange(nb * ic_n * ih):
-        y = r % ih
-        t = r // ih
-        ic = t % ic_n
-        n = t // ic_n
+        n, ic, y = row_index(r, ih, ic_n)
         for xx in range(iw):
             acc = 0.0
             for kh in range(kh_n):
-                ty = y + p1 - kh * d1
-                if ty < 0 or ty % s1 != 0:
-                    continue
-                oh = ty // s1
-                if oh >= oh_n:
+                oh = _strided_pos(y + p1 - kh * d1, s1, oh_n)
+                if oh < 0:
                     continue
                 for kw in range(kw_n):
-                    tx = xx + p0 - kw * d0
-                    if tx < 0 or tx % s0 != 0:
-                        continue
-                    ow = tx // s0
-                    if ow >= ow_n:
+                    ow = _strided_pos(xx + p0 - kw * d0, s0, ow_n)
+                    if ow < 0:
                         continue
                     acc += ld(g, lg, n, oh, ow, (ic * kh_n + kh) * kw_n + kw)
             o[n, ic, y, xx] = acc
@@ -209,10 +201,7 @@ def conv_2d(a, la, x, lx, o, kind, s0, s1, p0, p1, d0, d1):
     ic_n, kh_n, kw_n = a.shape[1], a.shape[2], a.shape[3]
     ih, iw = x.shape[2], x.shape[3]
     for r in prange(nb * oc_n * oh_n):
-        oh = r % oh_n
-        t = r // oh_n
-        oc = t % oc_n
-        n = t // oc_n
+        n, oc, oh = row_index(r, oh_n, oc_n)
         acc = np.zeros(ow_n, np.float64)
         for ic in range(ic_n):
             for kh in range(kh_n):
@@ -239,11 +228,8 @@ def conv_transpose_1d(a, la, x, lx, o, s0):
         for j in range(nj):
             acc = 0.0
             for t in range(k_n):
-                q = j - t
-                if q < 0 or q % s0 != 0:
-                    continue
-                ll = q // s0
-                if ll >= nl:
+                ll = _strided_pos(j - t, s0, nl)
+                if ll < 0:
                     continue
                 for ic in range(ic_n):
                     acc += ld(a, la, 0, ic, oc, t) * ld(x, lx, 0, 0, ic, ll)
@@ -258,10 +244,7 @@ def pool(x, lx, o, is_max, is_1d, k0, k1, s0, s1, p0, p1):
     n3, n2, oh_n, ow_n = o.shape
     ih, iw = x.shape[2], x.shape[3]
     for r in prange(n3 * n2 * oh_n):
-        oh = r % oh_n
-        t = r // oh_n
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, oh = row_index(r, oh_n, n2)
         for ow in range(ow_n):
             res = -FLT_MAX
             total = 0.0

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from ._jit import _OPTS, unary_value
+from ._jit import _OPTS, row_index, unary_value
 
 # MUL_MAT sums in float32 in any order (within its op's error bound): reassociation lets
 # LLVM vectorise the dot products; no other fast-math assumption (NaN/inf are kept).
@@ -299,10 +299,7 @@ def transpose(s, o):
     n3, n2, nj, ni = o.shape
     tj = (nj + TRANSPOSE_TILE - 1) // TRANSPOSE_TILE
     for task in prange(n3 * n2 * tj):
-        jt = task % tj
-        t = task // tj
-        i2 = t % n2
-        i3 = t // n2
+        i3, i2, jt = row_index(task, tj, n2)
         j0 = jt * TRANSPOSE_TILE
         j1 = min(j0 + TRANSPOSE_TILE, nj)
         for i0 in range(0, ni, TRANSPOSE_TILE):
@@ -367,6 +364,16 @@ def dot_rows8(rows, r, y, lut, out, m):
     out[m + 4], out[m + 5], out[m + 6], out[m + 7] = s4, s5, s6, s7
 
 
+@njit(inline="always", **_MM_OPTS)
+def dot_row(x, y, lut):
+    """x . y, a float32 sum (F16/BF16 x through lut): the rows left over after dot_rows8's groups of eight.
+    Inlined like dot_rows8 (a change here needs the callers' caches rebuilt too)."""
+    s = np.float32(0.0)
+    for k in range(y.shape[0]):
+        s += cv32(x[k], lut) * y[k]
+    return s
+
+
 TILE_M = 64  # rows of a per task (multiple of 4)
 TILE_N = 64  # rows of b per task (multiple of 4)
 BLOCK_K = 512  # measured: 10-25% faster than 256 on the benchmark shapes; panels of 128 KiB stay in L2
@@ -410,11 +417,7 @@ def mul_mat(a, la, b, o):
                     dot_rows8(ak, mm, y, la, orow, mm)
                     mm += 8
                 while mm < me:
-                    x0 = a[k3, k2, mm]
-                    s0 = np.float32(0.0)
-                    for k in range(nk):
-                        s0 += cv32(x0[k], la) * y[k]
-                    orow[mm] = s0
+                    orow[mm] = dot_row(a[k3, k2, mm], y, la)
                     mm += 1
         return
     tm = (nm + TILE_M - 1) // TILE_M

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit_fast import dot_rows8
+from ._jit import row_index
+from ._jit_fast import dot_row, dot_rows8
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 _DOT_OPTS = dict(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
@@ -79,6 +80,34 @@ def _q3_scale(r, s, i):
     return (lo4 | (hi2 << 4)) - 32
 
 
+@njit(inline="always", **_OPTS)
+def _nibble_codes(r, q, book, d, y, yo, w):
+    """y[yo + j] = d * book[low nibble of r[q + j]], y[yo + j + 16] = d * book[its high nibble], j < w:
+    the 4-bit code-book formats (IQ4_NL, IQ4_XS, MXFP4)."""
+    for j in range(w):
+        v = np.int64(r[q + j])
+        y[yo + j] = d * book[v & 0xF]
+        y[yo + j + 16] = d * book[v >> 4]
+
+
+# The min of the formats that have none: adding -0.0 leaves every float32 as it is (-0.0 too), so one
+# loop serves Q4_0/Q5_0 (x * d) and Q4_1/Q5_1 (x * d + m); inlined with the constant, LLVM drops the add.
+NO_MIN = np.float32(-0.0)
+
+
+@njit(inline="always", **_OPTS)
+def _q45_block(r, q, qh, off, d, m, y, yo, w):
+    """Q4_0/Q4_1/Q5_0/Q5_1, one block of 32: y[yo + j] = (x_j - off) * d + m with x_j the low nibble of byte
+    q + j, y[yo + j + 16] the same with its high nibble (j < w); the Q5 formats' fifth bits come from qh
+    (bit j and bit j + 16), the Q4 formats pass qh = 0."""
+    for j in range(w):
+        v = np.int64(r[q + j])
+        x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
+        x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
+        y[yo + j] = np.float32(x0 - off) * d + m
+        y[yo + j + 16] = np.float32(x1 - off) * d + m
+
+
 @njit(**_OPTS)
 def decode_row(fmt, r, y):
     """y[:] = the float32 values of the blocks in byte row r (ggml's dequantize_row_* order)."""
@@ -99,54 +128,27 @@ def decode_row(fmt, r, y):
     elif fmt == Q4_0:
         for ib in range(n // 32):
             o = ib * 18
-            d = _f16(r, o)
-            for j in range(w16):
-                v = np.int64(r[o + 2 + j])
-                y[ib * 32 + j] = np.float32((v & 0xF) - 8) * d
-                y[ib * 32 + j + 16] = np.float32((v >> 4) - 8) * d
+            _q45_block(r, o + 2, 0, 8, _f16(r, o), NO_MIN, y, ib * 32, w16)
     elif fmt == IQ4_NL:
         for ib in range(n // 32):
             o = ib * 18
-            d = _f16(r, o)
-            for j in range(w16):
-                v = np.int64(r[o + 2 + j])
-                y[ib * 32 + j] = d * KVALUES_IQ4NL[v & 0xF]
-                y[ib * 32 + j + 16] = d * KVALUES_IQ4NL[v >> 4]
+            _nibble_codes(r, o + 2, KVALUES_IQ4NL, _f16(r, o), y, ib * 32, w16)
     elif fmt == Q4_1:
         for ib in range(n // 32):
             o = ib * 20
-            d = _f16(r, o)
-            m = _f16(r, o + 2)
-            for j in range(w16):
-                v = np.int64(r[o + 4 + j])
-                y[ib * 32 + j] = np.float32(v & 0xF) * d + m
-                y[ib * 32 + j + 16] = np.float32(v >> 4) * d + m
-    elif fmt == Q5_0 or fmt == Q5_1:
-        bs = 22 if fmt == Q5_0 else 24
-        h0 = 2 if fmt == Q5_0 else 4
+            _q45_block(r, o + 4, 0, 0, _f16(r, o), _f16(r, o + 2), y, ib * 32, w16)
+    elif fmt == Q5_0:
         for ib in range(n // 32):
-            o = ib * bs
-            d = _f16(r, o)
-            m = _f16(r, o + 2) if fmt == Q5_1 else np.float32(0.0)
-            qh = _u32(r, o + h0)
-            for j in range(w16):
-                v = np.int64(r[o + h0 + 4 + j])
-                x0 = (v & 0xF) | (((qh >> j) << 4) & 0x10)
-                x1 = (v >> 4) | ((qh >> (j + 12)) & 0x10)
-                if fmt == Q5_0:
-                    y[ib * 32 + j] = np.float32(x0 - 16) * d
-                    y[ib * 32 + j + 16] = np.float32(x1 - 16) * d
-                else:
-                    y[ib * 32 + j] = np.float32(x0) * d + m
-                    y[ib * 32 + j + 16] = np.float32(x1) * d + m
+            o = ib * 22
+            _q45_block(r, o + 6, _u32(r, o + 2), 16, _f16(r, o), NO_MIN, y, ib * 32, w16)
+    elif fmt == Q5_1:
+        for ib in range(n // 32):
+            o = ib * 24
+            _q45_block(r, o + 8, _u32(r, o + 4), 0, _f16(r, o), _f16(r, o + 2), y, ib * 32, w16)
     elif fmt == MXFP4:
         for ib in range(n // 32):
             o = ib * 17
-            d = E8M0_HALF[r[o]]
-            for j in range(w16):
-                v = np.int64(r[o + 1 + j])
-                y[ib * 32 + j] = KVALUES_MXFP4[v & 0xF] * d
-                y[ib * 32 + j + 16] = KVALUES_MXFP4[v >> 4] * d
+            _nibble_codes(r, o + 1, KVALUES_MXFP4, E8M0_HALF[r[o]], y, ib * 32, w16)
     elif fmt == Q8_K:
         for ib in range(n // 256):
             o = ib * 292
@@ -240,13 +242,7 @@ def decode_row(fmt, r, y):
             sh = np.int64(r[o + 2]) | (np.int64(r[o + 3]) << 8)
             for s in range(8):
                 ls = ((np.int64(r[o + 4 + s // 2]) >> (4 * (s % 2))) & 0xF) | (((sh >> (2 * s)) & 3) << 4)
-                dl = d * np.float32(ls - 32)
-                q = o + 8 + 16 * s
-                yo = ib * 256 + 32 * s
-                for j in range(w16):
-                    v = np.int64(r[q + j])
-                    y[yo + j] = dl * KVALUES_IQ4NL[v & 0xF]
-                    y[yo + j + 16] = dl * KVALUES_IQ4NL[v >> 4]
+                _nibble_codes(r, o + 8 + 16 * s, KVALUES_IQ4NL, d * np.float32(ls - 32), y, ib * 256 + 32 * s, w16)
     elif fmt == TQ2_0:
         for ib in range(n // 256):
             o = ib * 66
@@ -283,9 +279,8 @@ def q_dequant(fmt, a, o):
     """o[i3, i2, i1, :] = the values of block row a[i3, i2, i1] (same row counts)."""
     n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
     for t in prange(n3 * n2 * n1):
-        i1 = t % n1
-        u = t // n1
-        decode_row(fmt, a[u // n2, u % n2, i1], o[u // n2, u % n2, i1])
+        i3, i2, i1 = row_index(t, n1, n2)
+        decode_row(fmt, a[i3, i2, i1], o[i3, i2, i1])
 
 
 @njit(parallel=True, **_OPTS)
@@ -293,10 +288,7 @@ def q_get_rows(fmt, a, idx, o):
     """o[i3, i2, i1, :] = the values of a[i3, i2, idx[0, i3, i2, i1]]."""
     n3, n2, n1 = o.shape[0], o.shape[1], o.shape[2]
     for t in prange(n3 * n2 * n1):
-        i1 = t % n1
-        u = t // n1
-        i2 = u % n2
-        i3 = u // n2
+        i3, i2, i1 = row_index(t, n1, n2)
         decode_row(fmt, a[i3, i2, idx[0, i3, i2, i1]], o[i3, i2, i1])
 
 
@@ -319,10 +311,7 @@ def q_mul_mat(fmt, a, b, o):
     rows = GROUP * GROUPS_PER_TASK
     tm = (nm + rows - 1) // rows
     for task in prange(a3 * a2 * tm):
-        jm = task % tm
-        u = task // tm
-        k2 = u % a2
-        k3 = u // a2
+        k3, k2, jm = row_index(task, tm, a2)
         tile = np.empty((GROUP, nk), np.float32)
         m_end = min(nm, (jm + 1) * rows)
         for m0 in range(jm * rows, m_end, GROUP):
@@ -338,11 +327,7 @@ def q_mul_mat(fmt, a, b, o):
                             dot_rows8(tile, 0, y, y, orow, m0)
                         else:
                             for gi in range(g):
-                                x = tile[gi]
-                                s = np.float32(0.0)
-                                for k in range(nk):
-                                    s += x[k] * y[k]
-                                orow[m0 + gi] = s
+                                orow[m0 + gi] = dot_row(tile[gi], y, y)
 
 
 @njit(parallel=True, **_DOT_OPTS)
@@ -360,10 +345,7 @@ def q_mul_mat_id(fmt, w, b, ids, o):
         x = np.empty(nk, np.float32)
         for m in range(nm):
             decode_row(fmt, w[0, ex, m], x)
-            s = np.float32(0.0)
-            for k in range(nk):
-                s += x[k] * y[k]
-            o[0, t, e, m] = s
+            o[0, t, e, m] = dot_row(x, y, y)
 
 
 KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}

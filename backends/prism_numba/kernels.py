@@ -17,7 +17,7 @@ import numpy as np
 
 from prism_core import GluOp, SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
-from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding
+from prism_core.ops.semantics import alibi_slopes, checked_row_indices, mul_mat_b_rounding
 from prism_core.plugin.base import KernelTable
 from prism_core.types import BF16, F16, F32, I32, I64, PLAIN_TYPES
 
@@ -458,19 +458,14 @@ def _transposed(h: np.ndarray, copy: bool) -> np.ndarray:
 @kernel((FLOATS | INDICES, INDICES), ONLY_F32 | INDICES, "GET_ROWS", reads_values=True)
 def _get_rows(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
-    idx = b.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
-        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
-                              f"min {idx.min()}, max {idx.max()}")
+    idx = checked_row_indices("GET_ROWS", b, a.ne[1])
     _run("get_rows", arr(a), lut(a), idx, arr(n))
 
 
 @kernel((FLOATS, INDICES, PLAIN_TYPES), ONLY_F32, "GET_ROWS_BACK", reads_values=True)
 def _get_rows_back(n: Tensor) -> None:
     g, b = n.src[0], n.src[1]
-    idx = b.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
-        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    idx = checked_row_indices("GET_ROWS_BACK", b, n.ne[1])
     _run("get_rows_back", arr(g), lut(g), idx, arr(n))
 
 

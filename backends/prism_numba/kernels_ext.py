@@ -12,7 +12,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding, rope_tables, upscale_tables
+from prism_core.ops.semantics import alibi_slopes, checked_row_indices, mul_mat_b_rounding, rope_tables, upscale_tables
 from prism_core.ops.table_conv import PoolOp, ScaleMode
 from prism_core.types import F16, F32, I32, I64
 
@@ -69,9 +69,7 @@ def _mul_mat_id(n: Tensor) -> None:
 @kernel((F32_F16, frozenset({I32, I64}), FLOATS), FLOATS, "SET_ROWS", reads_values=True)
 def _set_rows(n: Tensor) -> None:
     b, c = n.src[0], n.src[1]
-    rows = c.host()
-    if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
-        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    rows = checked_row_indices("SET_ROWS", c, n.ne[1])
     _run("set_rows", arr(b), lut(b), rows, arr(n), kind(n))
 
 

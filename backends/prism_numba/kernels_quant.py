@@ -21,6 +21,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument, Unsupported
+from prism_core.ops.semantics import checked_row_indices
 from prism_core.ops.table import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.quant import dequantize, quantize
 from prism_core.types import F16, F32, I32, I64
@@ -129,9 +130,7 @@ def _get_rows(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
     if not is_block(a):
         return _k._get_rows(n)
-    idx = b.host()
-    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
-        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): min {idx.min()}, max {idx.max()}")
+    idx = checked_row_indices("GET_ROWS", b, a.ne[1])
     if int(a.type) in DECODED:
         _run("q_get_rows", int(a.type), a.raw(), idx, arr(n))
     else:
@@ -168,9 +167,7 @@ def _set_rows(n: Tensor) -> None:
     b, c, a = n.src[0], n.src[1], n.src[2]
     if n.type != a.type:
         raise InvalidArgument("SET_ROWS: the result must have the destination's type")
-    rows = c.host()
-    if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
-        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    rows = checked_row_indices("SET_ROWS", c, n.ne[1])
     _python_step(f"quantizing to {n.traits.name}")
     if not a.same_view(n) or a.base is not n.base:
         n.raw()[...] = a.raw()

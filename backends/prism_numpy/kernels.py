@@ -15,7 +15,7 @@ import numpy as np
 from prism_core import SortOrder, Tensor, UnaryOp
 from prism_core.errors import InvalidArgument
 from prism_core.ops.gelu_tables import GELU_CLAMP, apply_gelu, apply_gelu_quick
-from prism_core.ops.semantics import alibi_slopes, mul_mat_b_rounding
+from prism_core.ops.semantics import alibi_slopes, checked_row_indices, mul_mat_b_rounding
 from prism_core.types import BF16, F16, F32, F64, I32, from_f32, to_f32
 
 KERNELS: dict[str, Callable[[Tensor], None]] = {}
@@ -360,10 +360,7 @@ def _out_prod(n: Tensor) -> None:
 @kernel("GET_ROWS")
 def _get_rows(n: Tensor) -> None:
     a, b = n.src[0], n.src[1]
-    idx = b.host()[0]  # (A3, A2, m)
-    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
-        raise InvalidArgument(f"GET_ROWS: row index out of range [0, {a.ne[1]}): "
-                              f"min {idx.min()}, max {idx.max()}")
+    idx = checked_row_indices("GET_ROWS", b, a.ne[1])[0]  # (A3, A2, m)
     src = elements(a)  # gather the rows first: only they are converted (a quantized table may be huge)
     out = np.empty((*n.host().shape[:3], src.shape[3]), dtype=src.dtype)
     for k in range(a.ne[3]):
@@ -377,9 +374,7 @@ def _get_rows(n: Tensor) -> None:
 
 @kernel("GET_ROWS_BACK")
 def _get_rows_back(n: Tensor) -> None:
-    grad, idx = val(n.src[0])[0, 0], n.src[1].host().reshape(-1)
-    if idx.size and (idx.min() < 0 or idx.max() >= n.ne[1]):
-        raise InvalidArgument(f"GET_ROWS_BACK: row index out of range [0, {n.ne[1]})")
+    grad, idx = val(n.src[0])[0, 0], checked_row_indices("GET_ROWS_BACK", n.src[1], n.ne[1]).reshape(-1)
     out = np.zeros((n.ne[1], n.ne[0]))
     np.add.at(out, idx, grad)
     store(n, out)

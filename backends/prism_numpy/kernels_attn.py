@@ -6,7 +6,7 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.ops.semantics import RopeTables, alibi_slopes, rope_tables
+from prism_core.ops.semantics import RopeTables, alibi_slopes, checked_row_indices, rope_tables
 from prism_core.types import from_f32
 
 from .kernels import elements, f32_round, kernel, mul_mat_b, store, val
@@ -90,9 +90,7 @@ def _mul_mat_id(n: Tensor) -> None:
 @kernel("SET_ROWS")
 def _set_rows(n: Tensor) -> None:
     b, c = n.src[0], n.src[1]
-    rows = c.host()[0]  # (C2, C1, m)
-    if rows.size and (rows.min() < 0 or rows.max() >= n.ne[1]):
-        raise InvalidArgument(f"SET_ROWS: row index out of range [0, {n.ne[1]})")
+    rows = checked_row_indices("SET_ROWS", c, n.ne[1])[0]  # (C2, C1, m)
     src = val(b)  # (S3, S2, m, n)
     dst = elements(n)  # a block type: each row quantized (from float32, as ggml) into its block bytes
     for k in range(n.ne[3]):

@@ -9,9 +9,11 @@ import argparse
 import importlib
 import signal
 import sys
+import warnings
+from collections.abc import Callable
 
 from .. import __version__
-from ..errors import InvalidArgument, PrismError, UnknownBackend, Unsupported
+from ..errors import InvalidArgument, PrismError, PrismWarning, UnknownBackend, Unsupported
 
 COMMANDS = ("info", "ops", "conformance", "new_backend", "demo", "models", "run", "gguf", "tokenize", "finetune",
             "export_lora", "quantize", "imatrix", "perplexity", "serve", "chat")
@@ -23,6 +25,17 @@ def exit_status(e: PrismError) -> int:
     not supported), 1 for a failure of the work itself (a backend unavailable here, a broken plugin,
     training that diverged)."""
     return 2 if isinstance(e, InvalidArgument | UnknownBackend | Unsupported) else 1
+
+
+def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+    """warnings.showwarning that prints Prism's own warnings as the errors are, "prism: warning: ...": the
+    line of Prism's code that raised one means nothing to someone running a command. Others as before."""
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PrismWarning):
+            print(f"prism: warning: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+    return showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--report FORMAT must be json or markdown, got {fmt!r}")
     if hasattr(signal, "SIGPIPE"):  # `prism ops | head` should end quietly
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    show = warnings.showwarning
+    warnings.showwarning = _one_line_warnings(show)
     try:
         return args.func(args)
     except PrismError as e:
@@ -46,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before or after the run proper (which reports what finished)
         print("prism: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.showwarning = show
 
 
 if __name__ == "__main__":

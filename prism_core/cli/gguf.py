@@ -1,4 +1,4 @@
-"""``prism gguf FILE [--json]``: a GGUF file's header, metadata and tensor table."""
+"""``prism gguf MODEL [--json]``: a GGUF file's header, metadata and tensor table (MODEL: a path or a name)."""
 
 from __future__ import annotations
 

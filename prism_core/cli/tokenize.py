@@ -1,4 +1,4 @@
-"""``prism tokenize FILE TEXT``: the ids and pieces of a prompt, the command to debug one with."""
+"""``prism tokenize MODEL TEXT``: the ids and pieces of a prompt, the command to debug one with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    t = sub.add_parser("tokenize", help="print the token ids and pieces of TEXT under FILE's vocabulary")
+    t = sub.add_parser("tokenize", help="print the token ids and pieces of TEXT under MODEL's vocabulary (a file, "
+                       "or a name: gemma3-270m)")
     t.add_argument("file", metavar="MODEL", help="a GGUF file (a model or a vocabulary-only file), or a model "
                    "known by name (prism models)")
     t.add_argument("text", metavar="TEXT", help="the text to tokenize")

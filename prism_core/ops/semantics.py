@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidArgument
+from ..tensor import Tensor
 from ..types import GGMLType
 
 
@@ -20,6 +22,16 @@ def mul_mat_b_rounding(a: GGMLType, b: GGMLType) -> GGMLType | None:
     (an F16 KV cache times F32 queries multiplies F16-rounded queries). Block types' partners
     (Q8_0/Q8_K...) are the backends' concern: the reference stays exact there."""
     return a if a in (GGMLType.F16, GGMLType.BF16) and b == GGMLType.F32 else None
+
+
+def checked_row_indices(op: str, index: Tensor, n_rows: int) -> np.ndarray:
+    """The row indices of GET_ROWS, GET_ROWS_BACK or SET_ROWS (``index``'s values, host side), refused with
+    InvalidArgument naming the op, the range and what was given when any lies outside [0, n_rows): ggml reads
+    or writes outside the tensor there, so every backend checks before it touches a row."""
+    idx = index.host()
+    if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
+        raise InvalidArgument(f"{op}: row index out of range [0, {n_rows}): min {idx.min()}, max {idx.max()}")
+    return idx
 
 
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:

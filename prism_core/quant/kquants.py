@@ -224,14 +224,21 @@ def quantize_q3_K(blocks: np.ndarray) -> np.ndarray:
         iscale = F32(-32) / max_scale
         ls = ((nearest_int(iscale[:, None] * scales) + 128) & 0xFF) - 128  # ggml keeps it in an int8_t
         ls = select(has[:, None], np.clip(ls, -32, 31) + 32, 0)
-        sc = np.zeros((nb, 12), np.uint8)
-        sc[:, :8] = (ls[:, :8] & 0xF) | ((ls[:, 8:] & 0xF) << 4)
-        hi = ls >> 4
-        sc[:, 8:] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
-        d = fp16_bits(select(has, F32(1) / iscale, F32(0)))
-        dl = (fp16_value(d)[:, None] * select(has[:, None], ls - 32, 0).astype(F32)).reshape(-1)
-        q = np.clip(nearest_int(x / dl), -4, 3) + 4
-        L = _from_position(select(dl != 0, q, L), nb)
+        return _q3_K_store(x, L, ls, fp16_bits(select(has, F32(1) / iscale, F32(0))))
+
+
+def _q3_K_store(x: np.ndarray, L: np.ndarray, ls: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The blocks once the 6-bit group scales ls ((nb, 16), 0..63 for -32..31) and d (fp16 bits) are chosen
+    (both Q3_K quantizers): each value (x and its levels L by position) requantized against its group's
+    scale d * (ls - 32), a group of scale 0 keeping its levels, then packed."""
+    nb = len(ls)
+    sc = np.zeros((nb, 12), np.uint8)
+    sc[:, :8] = (ls[:, :8] & 0xF) | ((ls[:, 8:] & 0xF) << 4)
+    hi = ls >> 4
+    sc[:, 8:] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
+    dl = (fp16_value(d)[:, None] * (ls - 32).astype(F32)).reshape(-1)
+    q = np.clip(nearest_int(x / dl), -4, 3) + 4
+    L = _from_position(select(dl != 0, q, L), nb)
     out = np.empty((nb, 110), np.uint8)
     high = (L > 3).reshape(nb, 8, 32)
     out[:, :32] = np.bitwise_or.reduce(high.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
@@ -256,13 +263,24 @@ def _k4_scales(blocks: np.ndarray, nmax: int, rmin: float, nstep: int):
     inv_m = select(max_min > 0, F32(63) / max_min, F32(0))
     ls = np.minimum(nearest_int(inv_s[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(nearest_int(inv_m[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+    return _k4_head(x, L, ls, lm, fp16_bits(max_scale / F32(63)), fp16_bits(max_min / F32(63)), nmax)
+
+
+def _k4_head(x: np.ndarray, L: np.ndarray, ls: np.ndarray, lm: np.ndarray, d: np.ndarray, dmin: np.ndarray,
+             nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K once the group scales ls and mins lm ((nb, 8) uint8) and d, dmin (fp16 bits) are chosen:
+    the 16 head bytes (d, dmin, the 6-bit scales and mins packed as get_scale_min_k4 reads them) and the
+    levels (x and L by position) requantized against the scales and mins as stored (a value above 63 keeps
+    only what its bits there hold, as in ggml)."""
+    nb = len(ls)
     sc = np.empty((nb, 12), np.uint8)
     sc[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
     sc[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
     sc[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
-    d, dmin = fp16_bits(max_scale / F32(63)), fp16_bits(max_min / F32(63))
-    dl = (fp16_value(d)[:, None] * ls.astype(F32)).reshape(-1)
-    ml = (fp16_value(dmin)[:, None] * lm.astype(F32)).reshape(-1)
+    s_dec = np.concatenate([sc[:, 0:4] & 63, (sc[:, 8:12] & 0xF) | ((sc[:, 0:4] >> 6) << 4)], axis=1)
+    m_dec = np.concatenate([sc[:, 4:8] & 63, (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)], axis=1)
+    dl = (fp16_value(d)[:, None] * s_dec.astype(F32)).reshape(-1)
+    ml = (fp16_value(dmin)[:, None] * m_dec.astype(F32)).reshape(-1)
     L = _from_position(_requant(x, L, dl, ml, 0, nmax), nb)
     head = np.empty((nb, 16), np.uint8)
     head[:, 0:2] = d.view(np.uint8).reshape(nb, 2)

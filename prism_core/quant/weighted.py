@@ -16,14 +16,14 @@ from .kquants import (
     QK_K,
     _by_position,
     _errstate,
-    _from_position,
+    _k4_head,
     _q2_K_store,
-    _requant,
+    _q3_K_store,
     make_qkx2_quants,
     make_qx_quants_rmse1,
     quantize_q6_K,
 )
-from .numerics import F32, GROUP_MAX_EPS, fp16_bits, fp16_value, nearest_int, pack_2bit_128, select, seq_sum
+from .numerics import F32, GROUP_MAX_EPS, fp16_bits, nearest_int, select, seq_sum
 
 
 def make_qp_quants(x: np.ndarray, nmax: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,22 +113,7 @@ def quantize_q3_K_w(blocks: np.ndarray, qw: np.ndarray) -> np.ndarray:
         sw = seq_sum(w).reshape(nb, 16).T
         L, scales = make_qx_quants_rmse1(x, 4, w)
         Ls, d_block = make_qx_quants_rmse1(np.ascontiguousarray(scales.reshape(nb, 16).T), 32, np.ascontiguousarray(sw))
-        ls = Ls.T.astype(np.int64)
-        sc = np.zeros((nb, 12), np.uint8)
-        sc[:, :8] = (ls[:, :8] & 0xF) | ((ls[:, 8:] & 0xF) << 4)
-        hi = ls >> 4
-        sc[:, 8:] = (hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)) & 0xFF
-        d = fp16_bits(d_block)
-        dl = (fp16_value(d)[:, None] * (ls - 32).astype(F32)).reshape(-1)
-        q = np.clip(nearest_int(x / dl), -4, 3) + 4
-        L = _from_position(select(dl != 0, q, L), nb)
-    out = np.empty((nb, 110), np.uint8)
-    high = (L > 3).reshape(nb, 8, 32)
-    out[:, :32] = np.bitwise_or.reduce(high.astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
-    out[:, 32:96] = pack_2bit_128(L & 3)
-    out[:, 96:108] = sc
-    out[:, 108:110] = d.view(np.uint8).reshape(nb, 2)
-    return out
+        return _q3_K_store(x, L, Ls.T.astype(np.int64), fp16_bits(d_block))
 
 
 def _k4_scales_w(blocks: np.ndarray, qw: np.ndarray, nmax: int, clamp63: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -145,21 +130,7 @@ def _k4_scales_w(blocks: np.ndarray, qw: np.ndarray, nmax: int, clamp63: bool) -
     ls, lm = Ls.T.copy(), Lm.T.copy()
     if clamp63:
         ls, lm = np.minimum(ls, 63), np.minimum(lm, 63)
-    sc = np.empty((nb, 12), np.uint8)
-    sc[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
-    sc[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
-    sc[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
-    s_dec = np.concatenate([sc[:, 0:4] & 63, (sc[:, 8:12] & 0xF) | ((sc[:, 0:4] >> 6) << 4)], axis=1)
-    m_dec = np.concatenate([sc[:, 4:8] & 63, (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)], axis=1)
-    d, dmin = fp16_bits(d_block), fp16_bits(m_block)
-    dl = (fp16_value(d)[:, None] * s_dec.astype(F32)).reshape(-1)
-    ml = (fp16_value(dmin)[:, None] * m_dec.astype(F32)).reshape(-1)
-    L = _from_position(_requant(x, L, dl, ml, 0, nmax), nb)
-    head = np.empty((nb, 16), np.uint8)
-    head[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
-    head[:, 2:4] = dmin.view(np.uint8).reshape(nb, 2)
-    head[:, 4:16] = sc
-    return head, L
+    return _k4_head(x, L, ls, lm, fp16_bits(d_block), fp16_bits(m_block), nmax)
 
 
 def quantize_q4_K_w(blocks: np.ndarray, qw: np.ndarray) -> np.ndarray:
