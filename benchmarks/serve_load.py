@@ -181,6 +181,16 @@ def _complete(client, url: str, prompt: str, stream: bool, max_tokens: int = MAX
     return "".join(parts), n
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process so far (Linux's /proc; -1 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _server_load(url: str, seconds: float) -> dict:
     """CLIENTS threads, each with its own connection, for ``seconds``; tokens of the requests that ended
     over the seconds until the last ended."""
@@ -296,7 +306,9 @@ def run(bench, backends: list[str], path: str) -> None:
                 for p in PROMPTS:  # warm-up: every prompt's graphs planned
                     _complete(c, srv.url, p, stream=False)
                 _server_load(srv.url, WARMUP_SECONDS)
+                cpu0, own0 = _cpu_seconds(srv.proc.pid), time.process_time()
                 load = _server_load(srv.url, seconds)
+                cpu = {"server": _cpu_seconds(srv.proc.pid) - cpu0, "clients": time.process_time() - own0}
                 ttft = {k: _ttft(srv.url, p) for k, p in TTFT_PROMPTS.items()}
         except Exception as e:  # a benchmark reports a failed run and goes on
             print(f"  [{backend}] server run failed: {type(e).__name__}: {e}")
@@ -309,6 +321,9 @@ def run(bench, backends: list[str], path: str) -> None:
               f"engine directly {e_tok_s:.1f} tok/s ({eng['engine_tokens']} tokens in {eng['engine_s']:.1f} s, "
               f"{eng['engine_compute_s']:.1f} s computing); server overhead per token {overhead:.1%} of the "
               "engine's time per token (target < 10%)")
+        if cpu["server"] >= 0:
+            print(f"  [{backend}] CPU seconds during the load: server process {cpu['server']:.1f} (engine computing "
+                  f"{eng['engine_compute_s']:.1f} s of wall time in its own run), the 16 clients {cpu['clients']:.1f}")
         print(f"  [{backend}] greedy outputs against the prompt's solo greedy output (model.generate alone):")
         print("\n".join(_agreement(eng["solo"], load["outputs"], eng["engine_outputs"])))
         bench.record("serve under load", f"{backend}/server tok/s", s_tok_s)
