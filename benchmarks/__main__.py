@@ -1,4 +1,4 @@
-"""``python -m benchmarks [--quick] [--only SECTION ...] [--json OUT] [--compare PREV]``
+"""``python -m benchmarks [--quick] [--only SECTION ...] [--serve-seconds S] [--json OUT] [--compare PREV]``
 
 Prints, side by side in one run and as ratios, each Prism backend against NumPy written
 directly and (when installed) PyTorch CPU, and the machine's limits. Times are the best
@@ -68,6 +68,7 @@ class Bench:
     def __init__(self, quick: bool, only_backends: list[str] | None = None, threads: int | None = None) -> None:
         self.quick = quick
         self.threads = threads  # the model section's thread count (None: its default)
+        self.serve_seconds: float | None = None  # the serve section's load duration (None: its default; 0: skip)
         self.repeats = 2 if quick else 5
         self.backends = [b.backend for b in pc.backends() if b.available
                          and (only_backends is None or b.name in only_backends)]
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", metavar="NAMES", type=lambda v: [x for x in v.split(",") if x],
                     help="comma-separated Prism backends to measure (default: every available one)")
     ap.add_argument("--threads", type=int, metavar="N", help="threads of every engine in the model section (default 2)")
+    ap.add_argument("--serve-seconds", type=float, metavar="S",
+                    help="seconds of the serve section's load on `prism serve` per backend (default 60; 0: skip it)")
     ap.add_argument("--json", metavar="OUT", help="save the results as JSON")
     ap.add_argument("--compare", metavar="PREV", help="print ratios against a previous --json file")
     args = ap.parse_args(argv)
@@ -279,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"({', '.join(n for n, b in known.items() if b.available)})")
     if args.threads is not None and args.threads < 1:
         ap.error(f"--threads must be at least 1, got {args.threads}")
+    if args.serve_seconds is not None and args.serve_seconds < 0:
+        ap.error(f"--serve-seconds must be at least 0, got {args.serve_seconds}")
     bench = Bench(args.quick, args.backends, args.threads)
+    bench.serve_seconds = args.serve_seconds
     print(f"Prism {pc.__version__} benchmarks; backends: {', '.join(b.name for b in bench.backends)}; "
           f"peers: NumPy {np.__version__}" + (f", PyTorch {torch.__version__} ({torch.get_num_threads()} threads)"
                                               if torch is not None else " (PyTorch not installed)"))

@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 
+from . import serve_load
 from .gguf_open import gemma_path
 from .model import THREADS, _env, _have_llamacpp, _omp_setting
 
@@ -181,3 +182,8 @@ def run(bench) -> None:
               "single: " + ", ".join(f"{p}: {results[e][f'batched {p}'] / single:.2f}x" for p in PARALLEL
                                      if f"batched {p}" in results[e])
               + " (target: >= 2.5x at 8)")
+    load_backends = [b.name for b in bench.backends if b.name in ("numba", "csimd")]
+    if bench.serve_seconds == 0:
+        print("\n  serve under load skipped (--serve-seconds 0)")
+    elif load_backends:
+        serve_load.run(bench, load_backends, path)

@@ -250,3 +250,13 @@ def test_greedy_output_on_gemma_equals_generate_on_numba(gemma3_path):
         assert r.choices[0].text == want
     finally:
         s.stop()
+
+
+def test_the_server_builds_the_tokenizer_before_its_first_request(tiny):
+    # a lazily built tokenizer would be paid for by the first request's time to first token
+    from prism_core.models.engine import Engine
+    from prism_core.serve.app import Server
+    model = load(tiny[0], backend="numpy", n_ctx=64)
+    assert model._tokenizer is None  # the premise: load() leaves it to first use
+    Server(model, Engine(model, 1), name="tiny", n_parallel=1, n_queue=0, template=None)
+    assert model._tokenizer is not None and "eog_ids" in vars(model)

@@ -28,6 +28,9 @@ class Server:
     def __init__(self, model: Any, engine: Any, *, name: str, n_parallel: int, n_queue: int,
                  template: ChatTemplate | None) -> None:
         self.model, self.engine, self.template = model, engine, template
+        # the model builds its tokenizer (and end-of-generation set) on first use: a quarter of a second for
+        # Gemma's 262k-token vocabulary, which the first request's time to first token would otherwise pay
+        _ = model.tokenizer, model.eog_ids
         self.names = (name,)
         self.slots = Slots(n_parallel, n_queue)
         self.created = int(time.time())
