@@ -66,8 +66,11 @@ def csimd_isa(request, monkeypatch):
     if not lib.csimd_isa_runs(want):
         pytest.skip(f"this CPU does not run the {request.param} path")
     before = lib.csimd_get_isa()
+    # the backend sets its path from $PRISM_CSIMD_ISA whenever it is asked for availability (each quantize call)
+    monkeypatch.setenv("PRISM_CSIMD_ISA", request.param)
     assert lib.csimd_set_isa(want) == 0
     yield request.param
+    assert lib.csimd_get_isa() == want, "the path changed under the test"
     lib.csimd_set_isa(before)
 
 
