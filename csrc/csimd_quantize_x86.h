@@ -157,6 +157,53 @@ Q_X86 void q_x86_mxfp4(const float *x, uint8_t *y, int64_t nb) {
     }
 }
 
+/* The lattice searches' neighbour scan for points of 8 coordinates (IQ2_XXS, IQ2_XS, IQ2_S): of the nb[0]
+   grid points listed in nb[1..], the one of least sum over i of (w_i*(scale*p_i - x_i))*(scale*p_i - x_i),
+   summed in order i = 0..7 as q_best_neighbour does, one neighbour per lane (eight at a time, the
+   coordinates gathered from pos, 8 per point); the first of equal sums wins (a strict < per lane, then the
+   first listed among the lanes holding the least). Returns its position in nb (1..nb[0]), 0 when none is
+   below FLT_MAX (every sum NaN or infinite) */
+Q_X86 int q_x86_nearest8(const int8_t *pos, const uint16_t *nb, const float *x, const float *w, float scale) {
+    const int n = nb[0];
+    const __m256 vs = _mm256_set1_ps(scale);
+    __m256 best = _mm256_set1_ps(FLT_MAX);
+    __m256i at = _mm256_setzero_si256();
+    uint16_t tail[8];
+    for (int j0 = 1; j0 <= n; j0 += 8) {
+        const uint16_t *ids = nb + j0;
+        if (j0 + 8 > n + 1) { /* the last few: pad with the first of them, masked below */
+            for (int l = 0; l < 8; l++) tail[l] = nb[j0 + (j0 + l <= n ? l : 0)];
+            ids = tail;
+        }
+        const __m256i off = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)ids)), 3);
+        const __m256i p03 = _mm256_i32gather_epi32((const int *)pos, off, 1);
+        const __m256i p47 = _mm256_i32gather_epi32((const int *)(pos + 4), off, 1);
+        __m256 d2 = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++) {
+            const __m256i src = i < 4 ? p03 : p47;
+            const __m256i b = _mm256_srai_epi32(_mm256_sllv_epi32(src, _mm256_set1_epi32(24 - 8 * (i & 3))), 24);
+            const __m256 diff = _mm256_sub_ps(_mm256_mul_ps(vs, _mm256_cvtepi32_ps(b)), _mm256_set1_ps(x[i]));
+            d2 = _mm256_add_ps(d2, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(w[i]), diff), diff));
+        }
+        const __m256i j = _mm256_add_epi32(_mm256_set1_epi32(j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n + 1), j));
+        const __m256 lt = _mm256_and_ps(_mm256_cmp_ps(d2, best, _CMP_LT_OQ), valid);
+        best = _mm256_blendv_ps(best, d2, lt);
+        at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(j), lt));
+    }
+    const float m = q_x86_hmin(best);
+    if (!(m < FLT_MAX)) return 0;
+    unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(best, _mm256_set1_ps(m), _CMP_EQ_OQ));
+    int32_t js[8];
+    _mm256_storeu_si256((__m256i *)js, at);
+    int first = n + 1;
+    for (; hit; hit &= hit - 1) {
+        const int l = __builtin_ctz(hit);
+        first = js[l] < first ? js[l] : first;
+    }
+    return first;
+}
+
 /* nb blocks of t from x to y when this path has a vector copy of t's quantizer: 1 done, 0 not */
 #define Q_X86_BLOCKS(SFX, TARGET)                                                                           \
     __attribute__((target(TARGET), optimize("fp-contract=off"))) static int q_x86_blocks_##SFX(int t, const float *x,  \
@@ -173,6 +220,15 @@ Q_X86 void q_x86_mxfp4(const float *x, uint8_t *y, int64_t nb) {
 Q_X86_BLOCKS(avx2, "avx2")
 Q_X86_BLOCKS(avx512, "avx2,avx512f,avx512bw,avx512vl")
 #undef Q_X86_BLOCKS
+
+#define Q_X86_NEAREST8(SFX, TARGET)                                                                           \
+    __attribute__((target(TARGET), optimize("fp-contract=off"))) static int q_x86_nearest8_##SFX(              \
+        const int8_t *pos, const uint16_t *nb, const float *x, const float *w, float scale) {                 \
+        return q_x86_nearest8(pos, nb, x, w, scale);                                                          \
+    }
+Q_X86_NEAREST8(avx2, "avx2")
+Q_X86_NEAREST8(avx512, "avx2,avx512f,avx512bw,avx512vl")
+#undef Q_X86_NEAREST8
 #undef Q_X86
 
 /* the vector copy for the active csimd path (the AVX-512 one where the CPU has BW and VL too): 1 when it
@@ -187,10 +243,26 @@ static int q_x86_blocks(int t, const float *x, uint8_t *y, int64_t nb) {
     default: return 0;
     }
 }
+
+/* q_x86_nearest8 on the active path: its answer, or -1 where the path has no vector copy */
+static int q_x86_neighbour8(const int8_t *pos, const uint16_t *nb, const float *x, const float *w, float scale) {
+    switch (csimd_get_isa()) {
+    case CSIMD_ISA_AVX512:
+        if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+            return q_x86_nearest8_avx512(pos, nb, x, w, scale);
+        return q_x86_nearest8_avx2(pos, nb, x, w, scale);
+    case CSIMD_ISA_AVX2: case CSIMD_ISA_AVXVNNI: return q_x86_nearest8_avx2(pos, nb, x, w, scale);
+    default: return -1;
+    }
+}
 #else
 static int q_x86_blocks(int t, const float *x, uint8_t *y, int64_t nb) {
     (void)t, (void)x, (void)y, (void)nb;
     return 0;
+}
+static int q_x86_neighbour8(const int8_t *pos, const uint16_t *nb, const float *x, const float *w, float scale) {
+    (void)pos, (void)nb, (void)x, (void)w, (void)scale;
+    return -1;
 }
 #endif
 #endif
