@@ -608,9 +608,7 @@ __attribute__((optimize("fp-contract=off"))) static int q_iq1_neighbour(const q_
                                                                        const float *xg, int8_t *L) {
     float best = FLT_MAX;
     int gi = -1;
-    const int at = g->dim == 8 ? q_x86_neighbour8(g->pos, nb, x, w, scale) : -1; /* the same search, vectorised */
-    if (at >= 0) gi = at ? nb[at] : -1;
-    else for (int j = 1; j <= nb[0]; j++) {
+    for (int j = 1; j <= nb[0]; j++) {
         const int8_t *p = g->pos + (size_t)nb[j] * 8;
         float d2 = 0.0f;
         for (int i = 0; i < 8; i++) {
