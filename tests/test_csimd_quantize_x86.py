@@ -154,7 +154,7 @@ REFS = {G.Q4_0: lambda b: ref_q_0(b, 4), G.Q5_0: lambda b: ref_q_0(b, 5), G.Q4_1
 
 @pytest.mark.parametrize("csimd_isa", ISAS, indirect=True)
 @pytest.mark.parametrize("t", list(REFS), ids=lambda t: t.name)
-def test_vector_quantizers_equal_ggml_on_their_edge_cases(csimd_isa, t):
+def test_vector_quantizers_equal_ggml_on_their_edge_cases(csimd_isa, t):  # noqa: F811 (the fixture)
     blocks = _cases(t)
     want = np.frombuffer(b"".join(REFS[t](b) for b in blocks), np.uint8).reshape(len(blocks), -1)
     rows = blocks.reshape(-1, 256)  # 8 blocks a row
