@@ -158,7 +158,7 @@ def test_vector_quantizers_equal_ggml_on_their_edge_cases(csimd_isa, t):  # noqa
     blocks = _cases(t)
     want = np.frombuffer(b"".join(REFS[t](b) for b in blocks), np.uint8).reshape(len(blocks), -1)
     rows = blocks.reshape(-1, 256)  # 8 blocks a row
-    for got in (quant.quantize(rows, t), quant.quantize_chunk(rows, t, threads=1)):
+    for got in (quant.quantize(rows, t, overflow="ggml"), quant.quantize_chunk(rows, t, threads=1, overflow="ggml")):
         got = got.reshape(len(blocks), -1)
         bad = [i for i in range(len(blocks)) if not np.array_equal(got[i], want[i])]
         assert not bad, (t.name, csimd_isa, bad[:5], got[bad[0]], want[bad[0]])
