@@ -259,7 +259,7 @@ SECTIONS = {"dispatch": Bench.dispatch, "add": Bench.add_16m, "mul_mat": Bench.m
             "mlp": Bench.mlp, "quant": quant_section.run, "gguf": gguf_open.run,
             "quantized": lambda bench: quantized(bench, best_time),
             "model": model_section.run, "finetune": finetune_section.run, "quantize": quantize_file.run,
-            "serve": serve_section.run}
+            "serve": serve_section.run, "quantize-speed": quantize_file.run_speed}
 
 
 def main(argv: list[str] | None = None) -> int:

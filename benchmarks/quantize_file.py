@@ -6,7 +6,7 @@ each; and the perplexity of Gemma 3 270M Q4_K_M and of that file requantized by 
 ``prism perplexity`` and by llama.cpp's logits with the same method, on a text of at least 10,000 tokens
 (``$PRISM_BENCH_TEXT``, else the King James Genesis and Exodus from Debian's ``bible-kjv``, public domain).
 
-    python -m benchmarks --only quantize
+    python -m benchmarks --only quantize          # --only quantize-speed: without the perplexities
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def _llama_ppl(path, ids, n_ctx, n_chunks, model_bos, nll_rows) -> float:
     return float(np.exp(total / count))
 
 
-def run(bench) -> None:
+def run(bench, quality: bool = True) -> None:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
@@ -185,4 +185,10 @@ def run(bench) -> None:
         work = Path(tmp)
         file_times(bench, work)
         row_speeds(bench)
-        perplexities(bench, work)
+        if quality:
+            perplexities(bench, work)
+
+
+def run_speed(bench) -> None:
+    """``--only quantize-speed``: the file and row timings without the perplexities (minutes shorter)."""
+    run(bench, quality=False)

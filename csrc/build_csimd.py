@@ -60,6 +60,7 @@ def make_ffi(sanitize: bool | None = None, openmp: bool | None = None, relative:
                                                        "csimd_quant_impl.h", "csimd_quant_api.h", "csimd_iq_tables.h",
                                                         "csimd_quantize_k3iq4.h", "csimd_quantize_weighted.h",
                                                         "csimd_quantize_grid.h", "csimd_quantize_rows.h",
+                                                        "csimd_quantize_x86.h",
                                                         "csimd_threads.h",
                                                         "csimd_neon.h", "csimd_neon_quant.h", "csimd_neon_paths.h",
                                                        "build_csimd.py")],

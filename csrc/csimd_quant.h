@@ -248,7 +248,7 @@ static inline void q_quant_q4q5_0(const float *x, uint8_t *y, int nbits) {
     q_put_f16(y, d);
     int q[32];
     for (int j = 0; j < 32; j++) {
-        const int a = (int)(int8_t)(x[j] * id + half + 0.5f);
+        const int a = (int)(int8_t)(x[j] * id + (half + 0.5f)); /* ggml adds 8.5f (16.5f) at once */
         q[j] = a < (int)top ? a : (int)top;
     }
     q_pack_q4q5(q, y + (nbits == 4 ? 2 : 6), nbits == 5 ? y + 2 : NULL);
@@ -270,11 +270,24 @@ static inline void q_quant_q4q5_1(const float *x, uint8_t *y, int nbits) {
     q_pack_q4q5(q, y + (nbits == 4 ? 4 : 8), nbits == 5 ? y + 4 : NULL);
 }
 
+/* MXFP4's shared exponent of a block whose largest magnitude is amax: (uint8_t)(floor(log2f(amax)) - 2 + 127),
+   0 for amax = 0. Where amax is normal and its mantissa is away from both ends, floor(log2f) is the exponent
+   field less 127 whatever log2f's last-bit rounding; near a power of two (log2f may round up to the next
+   integer) and for subnormals, log2f itself */
+static inline uint8_t q_mxfp4_exponent(float amax) {
+    if (!(amax > 0.0f)) return 0;
+    uint32_t bits;
+    memcpy(&bits, &amax, 4);
+    const uint32_t field = bits >> 23, mant = bits & 0x7FFFFF;
+    if (field >= 1 && field <= 254 && mant >= 0x100 && mant < 0x7FFF00) return (uint8_t)(int)((int)field - 127 + 125);
+    return (uint8_t)(int)(floorf(log2f(amax)) - 2.0f + 127.0f);
+}
+
 /* MXFP4: e = floor(log2 amax) - 2 + 127 (0 for amax = 0); each x the nearest of the 16 values (first wins) */
 static void q_quant_mxfp4(const float *x, uint8_t *y) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const uint8_t e = amax > 0.0f ? (uint8_t)(int)(floorf(log2f(amax)) - 2.0f + 127.0f) : 0;
+    const uint8_t e = q_mxfp4_exponent(amax);
     const float d = q_e8m0_half(e);
     y[0] = e;
     for (int j = 0; j < 16; j++) {
@@ -662,5 +675,6 @@ static inline int q_has_quantizer(int t) {
            t == Q_Q3_K || t == Q_IQ4_NL || t == Q_IQ4_XS;
 }
 
+#include "csimd_quantize_x86.h" /* vector copies of Q4_0, Q5_0, Q4_1, Q5_1, MXFP4 for the AVX2/AVX-512 paths */
 #include "csimd_quantize_rows.h" /* whole rows: the references, ggml_quantize_chunk (importance weights, IQ grids) */
 #endif

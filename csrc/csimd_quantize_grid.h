@@ -195,7 +195,9 @@ __attribute__((optimize("fp-contract=off"))) static int q_best_neighbour(const q
                                                                         int8_t *L) {
     float best = FLT_MAX;
     int gi = -1;
-    for (int j = 1; j <= nb[0]; j++) {
+    const int at = g->dim == 8 ? q_x86_neighbour8(g->pos, nb, x, w, scale) : -1; /* the same search, vectorised */
+    if (at >= 0) gi = at ? nb[at] : -1;
+    else for (int j = 1; j <= nb[0]; j++) {
         const int8_t *p = g->pos + (size_t)nb[j] * g->dim;
         float d2 = 0.0f;
         for (int i = 0; i < g->dim; i++) {

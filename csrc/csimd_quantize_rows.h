@@ -64,6 +64,7 @@ static int q_quantize_row(int t, int mode, const float *x, uint8_t *y, int64_t n
         }
         return 0;
     }
+    if (q_x86_blocks(t, x, y, n / be)) return 0; /* the same in every mode */
     for (int64_t ib = 0; ib < n / be; ib++)
         if (q_quantize_block(t, mode, x + ib * be, y + ib * bb)) return -1;
     return 0;
@@ -111,6 +112,7 @@ static int q_quantize_row_chunk(int t, const float *x, uint8_t *y, int64_t n, co
             return 0;
         default: break; /* Q8_0, MXFP4, TQ1_0, TQ2_0: ggml ignores the weights */
         }
+    if (q_x86_blocks(t, x, y, n / be)) return 0;
     for (int64_t ib = 0; ib < n / be; ib++)
         if (q_quantize_block(t, Q_MODE_REF, x + ib * be, y + ib * bb)) return -1;
     return 0;

@@ -66,8 +66,11 @@ def csimd_isa(request, monkeypatch):
     if not lib.csimd_isa_runs(want):
         pytest.skip(f"this CPU does not run the {request.param} path")
     before = lib.csimd_get_isa()
+    # the backend sets its path from $PRISM_CSIMD_ISA whenever it is asked for availability (each quantize call)
+    monkeypatch.setenv("PRISM_CSIMD_ISA", request.param)
     assert lib.csimd_set_isa(want) == 0
     yield request.param
+    assert lib.csimd_get_isa() == want, "the path changed under the test"
     lib.csimd_set_isa(before)
 
 
@@ -182,8 +185,9 @@ def test_iq4_nl_chunk_zero_blocks():
 def test_sanitized_build_quantizes_clean(tmp_path):
     """Every quantizer of csimd_q_quantize_rows on the golden rows (with and without weights) in a module built
     with -fsanitize=address,undefined: equal to ggml and no sanitizer report. The quantizers are plain C
-    compiled once (csimd_quant.h), the same code on every ISA path: CI runs the CPU's default path (about 45 s
-    with the build), PRISM_FULL_SWEEP=1 every path the CPU runs (about 17 s more each)."""
+    (csimd_quant.h) with x86 vector copies of a few (csimd_quantize_x86.h, on the AVX2 and AVX-512 paths): CI
+    runs the CPU's default path (about 45 s with the build), PRISM_FULL_SWEEP=1 every path the CPU runs (about
+    17 s more each)."""
     from test_csimd_backend import RUN_DIR, _cpu_isas, _env, _need_available, _sanitizer_runtime
     _need_available()
     rt = _sanitizer_runtime()

@@ -58,6 +58,10 @@ class LazyStrings:
     def __init__(self, buf: memoryview, start: int, count: int, lengths: array) -> None:
         self.buf, self.start, self.count, self.lengths = buf, start, count, lengths
 
+    def encoded(self) -> memoryview:
+        """The items as the file stores them (each a u64 length and its bytes): what a writer copies."""
+        return self.buf[self.start:self.start + 8 * self.count + sum(self.lengths)]
+
     def decode(self, limit: int | None = None) -> list[str]:
         buf, pos, out = self.buf, self.start, []
         for _ in range(self.count if limit is None else min(limit, self.count)):

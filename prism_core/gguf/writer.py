@@ -50,7 +50,7 @@ from .format import (
     is_value_type,
     pad,
 )
-from .reader import Metadata
+from .reader import LazyStrings, Metadata
 
 _INT_ORDER = (V.UINT32, V.INT32, V.INT64, V.UINT64)
 _RANGES = {t: (int(np.iinfo(DTYPES[t]).min), int(np.iinfo(DTYPES[t]).max)) for t in INT_TYPES}
@@ -156,6 +156,8 @@ def _scalar(v: Any, t: V, key: str) -> bytes:
 
 
 def _array(items: Any, t: V, key: str) -> bytes:
+    if isinstance(items, LazyStrings) and t == V.STRING:  # read from a file and not decoded: copied as stored
+        return struct.pack("<IQ", t, items.count) + bytes(items.encoded())
     if t == V.ARRAY:
         raise Unsupported(f"gguf save: key {key!r}: arrays of arrays are not valid GGUF for ggml's reader")
     if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple, np.ndarray)):

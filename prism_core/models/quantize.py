@@ -87,7 +87,11 @@ def _out_metadata(f: GGUFFile, p: Preset, imatrix_keys: list[tuple[str, Any, V]]
     out: dict[str, tuple] = {}
     for key in f.meta:
         t = f.meta_types[key]
-        out[key] = (f.meta[key], t, f.meta.element_types[key]) if t == V.ARRAY else (f.meta[key], t)
+        if t == V.ARRAY:  # an undecoded string array (the vocabulary) is copied as the file stores it
+            value = f.meta.undecoded_strings(key) or f.meta[key]
+            out[key] = (value, t, f.meta.element_types[key])
+        else:
+            out[key] = (f.meta[key], t)
     for key, value in (("general.quantization_version", QUANTIZATION_VERSION), ("general.file_type", p.ftype)):
         out.pop(key, None)
         out[key] = (value, V.UINT32)

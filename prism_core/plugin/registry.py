@@ -233,11 +233,13 @@ class Registry:
         self._lock = threading.RLock()  # one discovery at a time (a probe takes a while); hooks may re-enter
         self._extra: list[tuple[str, Any]] = []
         self._probed: dict[tuple, list[Any]] = {}  # per set of installed third-party plugins; kept across reset
+        self.generation = 0  # bumped whenever what callers derived from the registry (a choice of backend) is stale
         self.reset()
 
     def reset(self) -> None:
         """Forget everything found so far; the next query rediscovers entry points (the probes of
         third-party plugins are kept: the same plugins, installed in the same place, are not probed again)."""
+        self.generation += 1
         self._stage = 0  # 1: built-ins and in-process plugins loaded; 2: third-party plugins too
         self._backends: dict[str, _Entry] = {}
         self._reference: _Entry | None = None
@@ -293,6 +295,7 @@ class Registry:
             self._settle()
         if third_party and self._stage == 1:
             self._stage = 2
+            self.generation += 1
             try:
                 probes = self._probe(self._third_party)
             except BaseException:  # Ctrl-C while probing: the next query probes again

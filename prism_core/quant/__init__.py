@@ -107,11 +107,24 @@ def can_quantize(type: GGMLType | int | str) -> bool:
     return as_type(type) in _QUANTIZERS
 
 
+_ROW_QUANTIZER: dict[tuple[str, int], object] = {}  # (choice, registry generation) -> backend or None
+
+
 def row_quantizer():
     """The backend whose ``quantize_rows`` runs ggml's quantizers for this module, or None (NumPy):
     ``$PRISM_QUANT`` names one (``python``/``numpy``: none), else the best available backend offering them
-    among those the default is chosen from (:meth:`~prism_core.plugin.registry.Registry.candidates`)."""
+    among those the default is chosen from (:meth:`~prism_core.plugin.registry.Registry.candidates`). Kept
+    until the registry changes: asking every backend costs more than quantizing a small tensor."""
+    from ..plugin.registry import REGISTRY
     choice = os.environ.get(ENV_QUANT, "").strip()
+    key = (choice, REGISTRY.generation)
+    if key not in _ROW_QUANTIZER:
+        _ROW_QUANTIZER.clear()
+        _ROW_QUANTIZER[key] = _find_row_quantizer(choice)
+    return _ROW_QUANTIZER[key]
+
+
+def _find_row_quantizer(choice: str):
     if choice.lower() in ("python", "numpy"):
         return None
     from ..plugin.base import Backend
@@ -164,8 +177,9 @@ def _float_rows(rows: np.ndarray, tr: TypeTraits, what: str) -> np.ndarray:
         raise ShapeMismatch(f"{what} to {tr.name}: row length {rows.shape[-1]} is not a multiple of "
                             f"{tr.name}'s block size {tr.blck_size}")
     rows = np.ascontiguousarray(rows, dtype=np.float32)
+    flat = rows.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
-        total = np.add.reduce(rows, axis=None)  # inf/NaN anywhere makes it non-finite (overflow may too)
+        total = np.dot(flat, flat)  # inf/NaN anywhere makes it non-finite (overflow may too); faster than a sum
     if not np.isfinite(total) and not (finite := np.isfinite(rows)).all():
         flat = finite.reshape(-1, rows.shape[-1]).all(axis=1)
         bad = int(np.argmin(flat))
@@ -195,7 +209,7 @@ def _refuse_overflowing_scales(rows: np.ndarray, out: np.ndarray, tr: TypeTraits
     65520 * 127, Q4_0: d = max / -8 from 65520 * 8, ...; docs/quantize.md). Checked on what the
     quantizer wrote, exact for every format: the blocks holding a value above SAFE_AMAX are
     dequantized, and Q8_1's s (which dequantizing does not read) is read directly."""
-    if not rows.size:
+    if not rows.size or max(float(rows.max()), -float(rows.min())) <= SAFE_AMAX:  # whole-array passes: no suspect
         return
     blocks = rows.reshape(-1, tr.blck_size)
     amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))
