@@ -27,7 +27,7 @@ except Exception as e:  # noqa: BLE001
     pytest.skip(f"ggml-python is not importable ({e}): pip install 'prism-tensor[ggml]'", allow_module_level=True)
 
 # llama.cpp 0.3.36's greedy tokens (llama-cpp-python, 2 threads, n_ctx 256, argmax of the raw logits, one token
-# at a time after the prompt) on README's prompt "The capital of France is": " the capital of the Republic of France."
+# at a time after the prompt) on README's prompt "The capital of France is": " the capital of the country of France."
 LLAMA_CPP_PROMPT_IDS = [2, 818, 5279, 529, 7001, 563]
 LLAMA_CPP_GREEDY = [506, 5279, 529, 506, 2891, 529, 7001, 236761]
 
