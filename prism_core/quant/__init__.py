@@ -120,18 +120,17 @@ def row_quantizer():
     key = (choice, REGISTRY.generation)
     if key not in _ROW_QUANTIZER:
         _ROW_QUANTIZER.clear()
-        _ROW_QUANTIZER[key] = _find_row_quantizer(choice)
+        _ROW_QUANTIZER[key] = _find_row_quantizer(choice, REGISTRY)
     return _ROW_QUANTIZER[key]
 
 
-def _find_row_quantizer(choice: str):
+def _find_row_quantizer(choice: str, registry):
     if choice.lower() in ("python", "numpy"):
         return None
     from ..plugin.base import Backend
-    from ..plugin.registry import REGISTRY
     if choice:
-        return REGISTRY.get(choice)
-    for info in REGISTRY.candidates():  # as the default is chosen: a third party's backend only when named
+        return registry.get(choice)
+    for info in registry.candidates():  # as the default is chosen: a third party's backend only when named
         if info.available and type(info.backend).quantize_rows is not Backend.quantize_rows:
             return info.backend
     return None
@@ -213,9 +212,7 @@ def _refuse_overflowing_scales(rows: np.ndarray, out: np.ndarray, tr: TypeTraits
         return
     blocks = rows.reshape(-1, tr.blck_size)
     amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))
-    suspect = np.flatnonzero(amax > SAFE_AMAX)
-    if not suspect.size:
-        return
+    suspect = np.flatnonzero(amax > SAFE_AMAX)  # not empty: some value passed SAFE_AMAX above
     q = out.reshape(-1, tr.type_size)[suspect]
     with np.errstate(invalid="ignore", over="ignore"):
         bad = ~np.isfinite(dequantize(q, tr.type)).all(axis=1)
