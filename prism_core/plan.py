@@ -275,9 +275,8 @@ def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
     readers: _Readers | None = None
     i = 0
     while i < len(p.steps):
-        be = owners[i]
+        be, end, call = owners[i], i + 1, None
         if type(be).prepare_run is not Backend.prepare_run:
-            end = i
             while end < len(p.steps) and owners[end] is be:
                 end += 1
             readers = readers or _Readers(p)
@@ -289,15 +288,9 @@ def _prepare_calls(p: Plan, owners: list[Backend]) -> None:
             if call is not None:
                 p.calls.append(call)
                 p.runs.append(run)
-                i = end
-                continue
-            for fn, node in p.steps[i:end]:
-                p.calls.append(be.prepare(node) or partial(fn, node))
-            i = end
-            continue
-        fn, node = p.steps[i]
-        p.calls.append(be.prepare(node) or partial(fn, node))
-        i += 1
+        if call is None:  # no run capability, or the run declined: one call per node
+            p.calls.extend(be.prepare(node) or partial(fn, node) for fn, node in p.steps[i:end])
+        i = end
 
 
 class _Readers:
