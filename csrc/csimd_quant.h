@@ -4,6 +4,7 @@
    integer dot products are part of the ISA template (csimd_quant_impl.h). */
 #ifndef PRISM_CSIMD_QUANT_H
 #define PRISM_CSIMD_QUANT_H
+#include <float.h>
 #include "csimd_common.h"
 #include "csimd_iq_tables.h"
 
@@ -364,39 +365,89 @@ static inline int q_group_is_empty(int n, const float *x, int8_t *L, float *max)
     for (int i = 0; i < n; i++) L[i] = 0;
     return 1;
 }
+/* The search runs its 19 scales side by side: ggml adds sum(w x l) and sum(w l^2) element by element in
+   order for one scale after another, a chain of dependent additions that is most of its time; here every
+   scale keeps its own two sums, each added in ggml's order, in the lanes of vectors (q_f4: GNU vectors, SSE2
+   or NEON without target flags), so the additions of different scales overlap and each sum is bit for bit
+   ggml's. Lane 0 is the unshifted scale, lanes 1..18 is = -9..-1, 1..9 in ggml's order, lane 19 padding
+   (scale 0, never chosen). With finite x, |iscale * x| <= nmax + 1, and l is rounded as a float by adding
+   and subtracting 1.5 * 2^23 and clamped as a float: exact below 2^22, where nearest_int is
+   round-half-even. A group holding inf or NaN (the second-level searches over scales that overflowed) takes
+   nearest_int's bits, one lane at a time. */
+typedef float q_f4 __attribute__((vector_size(16)));
+typedef int32_t q_i4 __attribute__((vector_size(16)));
+#define Q_QX_VECS 5
+#define Q_QX_LANES (4 * Q_QX_VECS)
+
+static inline q_f4 q_f4_select(q_i4 m, q_f4 a, q_f4 b) { return (q_f4)((m & (q_i4)a) | (~m & (q_i4)b)); }
+
+/* the lanes' sums over finite x (w: the weights, wx = w * x) */
+__attribute__((optimize("fp-contract=off"))) static inline void q_qx_sums_finite(int n, int nmax, const float *x,
+                                                                                const float *w, const float *wx,
+                                                                                const q_f4 *iscale, q_f4 *slx,
+                                                                                q_f4 *sl2) {
+    const float magic = 12582912.0f, lo = (float)-nmax, hi = (float)(nmax - 1);
+    const q_f4 vlo = {lo, lo, lo, lo}, vhi = {hi, hi, hi, hi};
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < Q_QX_VECS; v++) {
+            q_f4 l = (iscale[v] * x[i] + magic) - magic;
+            l = q_f4_select(l < vlo, vlo, l);
+            l = q_f4_select(l > vhi, vhi, l);
+            slx[v] += wx[i] * l;
+            sl2[v] += w[i] * l * l;
+        }
+}
+
+/* the same over any x, l by nearest_int's bits */
+__attribute__((optimize("fp-contract=off"))) static void q_qx_sums_bits(int n, int nmax, const float *x,
+                                                                       const float *w, const float *wx,
+                                                                       const float *iscale, float *slx, float *sl2) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < Q_QX_LANES; c++) {
+            const int v = q_nearest_int(iscale[c] * x[i]);
+            const float l = (float)(v < -nmax ? -nmax : v > nmax - 1 ? nmax - 1 : v);
+            slx[c] += wx[i] * l;
+            sl2[c] += w[i] * l * l;
+        }
+}
+
+/* n <= 32 */
 __attribute__((optimize("fp-contract=off"))) static float q_make_qx_quants_rmse1(int n, int nmax, const float *x,
                                                                                  const float *qw, int8_t *L) {
     float max;
     if (q_group_is_empty(n, x, L, &max)) return 0.0f;
-    float iscale = -(float)nmax / max, sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; i++) {
-        int l = q_nearest_int(iscale * x[i]);
-        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
-        L[i] = (int8_t)(l + nmax);
-        const float w = qw ? qw[i] : x[i] * x[i];
-        sumlx += w * x[i] * (float)l;
-        suml2 += w * (float)l * (float)l;
+    float iscale[Q_QX_LANES] = {0}, sumlx[Q_QX_LANES] = {0}, suml2[Q_QX_LANES] = {0}, w[32], wx[32];
+    iscale[0] = -(float)nmax / max;
+    for (int c = 1; c < 19; c++) {
+        const int is = c <= 9 ? c - 10 : c - 9;
+        iscale[c] = -((float)nmax + 0.1f * (float)is) / max;
     }
-    float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f, best = scale * sumlx;
-    for (int is = -9; is <= 9; is++) {
-        if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / max;
-        sumlx = suml2 = 0.0f;
-        for (int i = 0; i < n; i++) {
-            int l = q_nearest_int(iscale * x[i]);
-            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
-            const float w = qw ? qw[i] : x[i] * x[i];
-            sumlx += w * x[i] * (float)l;
-            suml2 += w * (float)l * (float)l;
+    int finite = 1;
+    for (int i = 0; i < n; i++) {
+        w[i] = qw ? qw[i] : x[i] * x[i];
+        wx[i] = w[i] * x[i];
+        finite &= fabsf(x[i]) <= FLT_MAX;
+    }
+    if (finite) {
+        q_f4 vis[Q_QX_VECS], vlx[Q_QX_VECS] = {0}, vl2[Q_QX_VECS] = {0};
+        memcpy(vis, iscale, sizeof vis);
+        q_qx_sums_finite(n, nmax, x, w, wx, vis, vlx, vl2);
+        memcpy(sumlx, vlx, sizeof sumlx);
+        memcpy(suml2, vl2, sizeof suml2);
+    } else {
+        q_qx_sums_bits(n, nmax, x, w, wx, iscale, sumlx, suml2);
+    }
+    float scale = suml2[0] != 0.0f ? sumlx[0] / suml2[0] : 0.0f, best = scale * sumlx[0];
+    int chosen = 0;
+    for (int c = 1; c < 19; c++)
+        if (suml2[c] > 0.0f && sumlx[c] * sumlx[c] > best * suml2[c]) {
+            scale = sumlx[c] / suml2[c];
+            best = scale * sumlx[c];
+            chosen = c;
         }
-        if (suml2 > 0.0f && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                int l = q_nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
-            }
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
+    for (int i = 0; i < n; i++) {
+        const int l = q_nearest_int(iscale[chosen] * x[i]);
+        L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
     }
     return scale;
 }
