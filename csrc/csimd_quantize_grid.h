@@ -188,6 +188,47 @@ static const q_grid *q_grid_ready(int t) {
 
 static inline const uint16_t *q_neighbours_of(const q_grid *g, int u) { return g->neighbours - g->map[u] - 1; }
 
+/* q_best_neighbour's scan for points of 4 coordinates (IQ3_XXS, IQ3_S), four neighbours at a time, one per
+   lane (q_f4), each lane summing its (w_i*(scale*p_i - x_i))*(scale*p_i - x_i) in order i = 0..3; the first
+   of equal sums wins (a strict < per lane, then the first listed among the lanes holding the least).
+   Returns its position in nb (1..nb[0]), 0 when none is below FLT_MAX (every sum NaN or infinite) */
+__attribute__((optimize("fp-contract=off"))) static int q_nearest4(const int8_t *pos, const uint16_t *nb,
+                                                                  const float *x, const float *w, float scale) {
+    const int n = nb[0];
+    q_f4 best = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
+    q_i4 at = {0, 0, 0, 0};
+    for (int j0 = 1; j0 <= n; j0 += 4) {
+        int32_t p[4];
+        for (int l = 0; l < 4; l++) memcpy(&p[l], pos + 4 * (size_t)nb[j0 + l <= n ? j0 + l : j0], 4);
+        const q_i4 pts = {p[0], p[1], p[2], p[3]}; /* built in registers: a store then a wider load stalls */
+        q_f4 d2 = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 4; i++) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+            const q_i4 c = (pts << (8 * i)) >> 24; /* coordinate i, sign-extended */
+#else
+            const q_i4 c = (pts << (24 - 8 * i)) >> 24;
+#endif
+            const q_f4 diff = scale * __builtin_convertvector(c, q_f4) - x[i];
+            d2 += w[i] * diff * diff;
+        }
+        const q_i4 j = {j0, j0 + 1, j0 + 2, j0 + 3};
+        const q_i4 lt = (d2 < best) & (j <= n);
+        best = q_f4_select(lt, d2, best);
+        at = (lt & j) | (~lt & at);
+    }
+    float b[4];
+    int32_t js[4];
+    memcpy(b, &best, sizeof b);
+    memcpy(js, &at, sizeof js);
+    float m = b[0];
+    for (int l = 1; l < 4; l++) m = b[l] < m ? b[l] : m;
+    if (!(m < FLT_MAX)) return 0;
+    int first = n + 1;
+    for (int l = 0; l < 4; l++)
+        if (b[l] == m && js[l] < first) first = js[l];
+    return first;
+}
+
 /* the neighbour of least weighted squared error sum w*(scale*q - x)^2 (q the point's 2*level+1 values;
    the first of equals); its levels into L; returns its grid index */
 __attribute__((optimize("fp-contract=off"))) static int q_best_neighbour(const q_grid *g, const uint16_t *nb,
@@ -195,7 +236,8 @@ __attribute__((optimize("fp-contract=off"))) static int q_best_neighbour(const q
                                                                         int8_t *L) {
     float best = FLT_MAX;
     int gi = -1;
-    const int at = g->dim == 8 ? q_x86_neighbour8(g->pos, nb, x, w, scale) : -1; /* the same search, vectorised */
+    /* the same search, vectorised */
+    const int at = g->dim == 8 ? q_x86_neighbour8(g->pos, nb, x, w, scale) : q_nearest4(g->pos, nb, x, w, scale);
     if (at >= 0) gi = at ? nb[at] : -1;
     else for (int j = 1; j <= nb[0]; j++) {
         const int8_t *p = g->pos + (size_t)nb[j] * g->dim;
