@@ -9,6 +9,7 @@ of failing (or crashing native code) at compute time.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .errors import InvalidArgument
@@ -17,6 +18,22 @@ ENV_THREADS = "PRISM_NUM_THREADS"
 # ggml's own ceiling on a compute's thread count (GGML_MAX_N_THREADS in ggml.h): far more
 # than any host has cores, and far below what native thread pools survive (100000 crashed one).
 MAX_THREADS = 512
+
+
+def env_values(names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """The raw values of the variables ``names`` (None where unset), cheaply enough for a check on
+    every call: ``os.environ.get`` of an unset variable raises and catches two KeyErrors inside
+    (about 2 us each), so CPython's own mapping behind ``os.environ`` is read where it is there."""
+    data = getattr(os.environ, "_data", None)
+    if not isinstance(data, dict):
+        return tuple(os.environ.get(n) for n in names)
+    decode = os.environ.decodevalue  # type: ignore[attr-defined]
+    return tuple(None if (v := data.get(k)) is None else decode(v) for k in _encoded(names))
+
+
+@functools.cache
+def _encoded(names: tuple[str, ...]) -> tuple:
+    return tuple(os.environ.encodekey(n) for n in names)  # type: ignore[attr-defined]
 
 
 def env_int(name: str, default: int | None, minimum: int, maximum: int | None = None) -> int | None:

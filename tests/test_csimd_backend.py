@@ -84,6 +84,30 @@ def test_unavailable_with_reason_does_not_break_other_backends(env, needle):
     assert r.returncode == 0 and "UNAVAILABLE" in r.stdout, r.stdout + r.stderr
 
 
+def test_availability_follows_the_environment_between_calls(monkeypatch):
+    """availability() keeps its answer between calls but sets the backend up again when a variable it reads
+    changes, or when the C side's path was moved under it (a bad value after a good one is refused too)."""
+    be = _need_available()
+    from prism_csimd import kernels
+    lib = kernels._state["lib"]
+    have = _cpu_isas()
+    for name in [have[-1], have[0], *have[1:]]:
+        monkeypatch.setenv("PRISM_CSIMD_ISA", name)
+        assert be.availability() == (True, "") and kernels._state["isa"] == name
+        assert lib.csimd_get_isa() == ISAS.index(name) and be.version.endswith("+" + name)
+    lib.csimd_set_isa(ISAS.index("scalar") if have[-1] != "scalar" else 0)  # moved directly, env unchanged
+    assert be.availability()[0] and lib.csimd_get_isa() == ISAS.index(have[-1])
+    for n in ("1", "3"):
+        monkeypatch.setenv("PRISM_NUM_THREADS", n)
+        assert be.threads == (int(n) if lib.csimd_has_openmp() else 1)
+    monkeypatch.setenv("PRISM_NUM_THREADS", "zero")
+    ok, reason = be.availability()
+    assert not ok and "PRISM_NUM_THREADS" in reason
+    monkeypatch.delenv("PRISM_NUM_THREADS")
+    monkeypatch.delenv("PRISM_CSIMD_ISA")
+    assert be.availability() == (True, "") and kernels._state["isa"] == ISAS[lib.csimd_cpu_isa()]
+
+
 def test_a_path_the_cpu_does_not_run_is_refused():
     have = _cpu_isas()
     if len(have) == len(ISAS):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import prism_core as pc
-from prism_core.settings import MAX_THREADS, env_int, requested_threads
+from prism_core.settings import MAX_THREADS, env_int, env_values, requested_threads
 
 BAD_THREADS = {  # value -> what the message says
     str(2**31): f"must be at most {MAX_THREADS}",
@@ -66,3 +66,14 @@ def test_parallel_backends_refuse_a_bad_thread_setting_at_selection(monkeypatch,
     finally:
         monkeypatch.delenv(var)
         pc.REGISTRY.reset()
+
+
+def test_env_values_reads_what_os_environ_holds(monkeypatch):
+    monkeypatch.setenv("PRISM_TEST_A", " x\u20ac ")
+    monkeypatch.setenv("PRISM_TEST_EMPTY", "")
+    monkeypatch.delenv("PRISM_TEST_UNSET", raising=False)
+    names = ("PRISM_TEST_A", "PRISM_TEST_UNSET", "PRISM_TEST_EMPTY")
+    assert env_values(names) == (" x\u20ac ", None, "")
+    monkeypatch.setenv("PRISM_TEST_UNSET", "1")
+    monkeypatch.delenv("PRISM_TEST_A")
+    assert env_values(names) == (None, "1", "")

@@ -33,7 +33,7 @@ import numpy as np
 import prism_core
 from prism_core import Tensor, contention
 from prism_core.ops.gelu_tables import gelu_f16_table, gelu_quick_f16_table
-from prism_core.settings import env_choice, env_int, requested_threads
+from prism_core.settings import ENV_THREADS, env_choice, env_int, env_values, requested_threads
 
 from . import kernels as _k
 from .kernels import KERNELS, TABLE
@@ -109,13 +109,32 @@ def serial_work() -> int:
     return env_int(ENV_SERIAL_WORK, SERIAL_WORK, 0)
 
 
+#: the environment _configure reads: a change in any of them sets the backend up again
+SETUP_ENV = (ENV_ISA, ENV_THREADS, ENV_SERIAL_WORK, contention.ENV_ADAPTIVE)
+
+
 def _setup() -> tuple[bool, str]:
-    """Load the extension, choose the ISA path and the thread count; (ok, reason)."""
+    """Load the extension, choose the ISA path and the thread count; (ok, reason). Asked on every call
+    into the backend (each quantize_rows call among them), so the answer is kept while the module, the
+    variables of SETUP_ENV and the C side's ISA path (which a caller may set directly) stay as they were
+    when it was made; tests that switch $PRISM_CSIMD_ISA between calls get the path they ask for."""
     try:
         mod = _load_module()
     except Exception as e:  # noqa: BLE001
         return False, (f"the C extension prism_csimd._csimd is not available ({type(e).__name__}: {e}); "
                        "it is built by `pip install` of prism-tensor when a C compiler is present")
+    env = env_values(SETUP_ENV)
+    kept = _loaded.get("setup")
+    if (kept is not None and kept[0] is mod and kept[1] == env
+            and (not kept[2][0] or mod.lib.csimd_get_isa() == kept[3])):
+        return kept[2]
+    result = _configure(mod)
+    _loaded["setup"] = (mod, env, result, mod.lib.csimd_get_isa() if result[0] else None)
+    return result
+
+
+def _configure(mod) -> tuple[bool, str]:
+    """Check the loaded extension and set its ISA path, threads and tables from the environment."""
     lib, ffi = mod.lib, mod.ffi
     missing = [f for f in REQUIRED_FUNCTIONS if not hasattr(lib, f)]
     if missing:
