@@ -501,7 +501,6 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qkx2_quants(int
                                                                             const float *weights, uint8_t *L,
                                                                             float *the_min, float rmin, float rdelta,
                                                                             int nstep, int use_mad) {
-    uint8_t Laux[32];
     float min = x[0], max = x[0], sum_w = weights[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < min) min = x[i];
@@ -524,39 +523,53 @@ __attribute__((optimize("fp-contract=off"))) static float q_make_qkx2_quants(int
         diff = use_mad ? fabsf(diff) : diff * diff;
         best_error += weights[i] * diff;
     }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    /* the nstep + 1 further scales four at a time, one per lane (each lane's sums and error in ggml's order,
+       nearest_int by its bits, so any input gives ggml's values); ggml's search carries the min of each
+       winner into the scales after it, so a winner that moves the min ends the pass and the next one
+       starts at the scale after it */
+    int is0 = 0;
+    while (is0 <= nstep) {
+        float isc[4];
+        for (int c = 0; c < 4; c++) isc[c] = (rmin + rdelta * (float)(is0 + c) + (float)nmax) / (max - min);
+        const q_f4 viscale = {isc[0], isc[1], isc[2], isc[3]};
+        const q_i4 zero = {0, 0, 0, 0}, top = {nmax, nmax, nmax, nmax};
+        q_f4 lf[32], sum_l = {0}, sum_l2 = {0}, sum_xl = {0}, cur_error = {0};
         for (int i = 0; i < n; i++) {
-            int l = q_nearest_int(iscale * (x[i] - min));
-            l = l < 0 ? 0 : l > nmax ? nmax : l;
-            Laux[i] = (uint8_t)l;
+            const q_f4 v = viscale * (x[i] - min) + 12582912.0f;
+            q_i4 l = ((q_i4)v & 0x007FFFFF) - 0x00400000;
+            l &= ~(l < zero);
+            const q_i4 over = l > top;
+            l = (over & top) | (~over & l);
+            lf[i] = __builtin_convertvector(l, q_f4);
             const float w = weights[i];
-            sum_l += w * (float)l;
-            sum_l2 += w * (float)l * (float)l;
-            sum_xl += w * (float)l * x[i];
+            sum_l += w * lf[i];
+            sum_l2 += w * lf[i] * lf[i];
+            sum_xl += w * lf[i] * x[i];
         }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; i++) {
-                float diff = this_scale * (float)Laux[i] + this_min - x[i];
-                diff = use_mad ? fabsf(diff) : diff * diff;
-                cur_error += weights[i] * diff;
-            }
-            if (cur_error < best_error) {
-                for (int i = 0; i < n; i++) L[i] = Laux[i];
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
+        const q_f4 D = sum_w * sum_l2 - sum_l * sum_l;
+        q_f4 this_scale = (sum_w * sum_xl - sum_x * sum_l) / D, this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+        const q_i4 pos = this_min > 0.0f;
+        this_scale = q_f4_select(pos, sum_xl / sum_l2, this_scale);
+        this_min = q_f4_select(pos, (q_f4){0.0f, 0.0f, 0.0f, 0.0f}, this_min);
+        for (int i = 0; i < n; i++) {
+            q_f4 diff = this_scale * lf[i] + this_min - x[i];
+            diff = use_mad ? (q_f4)((q_i4)diff & 0x7FFFFFFF) : diff * diff;
+            cur_error += weights[i] * diff;
+        }
+        int next = is0 + 4;
+        for (int c = 0; c < 4 && is0 + c <= nstep; c++) {
+            if (!(D[c] > 0) || !(cur_error[c] < best_error)) continue;
+            for (int i = 0; i < n; i++) L[i] = (uint8_t)lf[i][c];
+            best_error = cur_error[c];
+            scale = this_scale[c];
+            const float moved = this_min[c];
+            if (memcmp(&moved, &min, sizeof min) != 0) {
+                min = moved;
+                next = is0 + c + 1;
+                break;
             }
         }
+        is0 = next;
     }
     *the_min = -min;
     return scale;
