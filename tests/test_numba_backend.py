@@ -69,6 +69,7 @@ def test_invalid_thread_settings_make_backend_unavailable_with_reason(var, value
                                  {"PRISM_NUM_THREADS": "2", "PRISM_NUMBA_SERIAL_WORK": "0"}],
                          ids=["threads=1", "threads=2,every node parallel"])
 @pytest.mark.parametrize("mode", ["forward", "grad"])
+@pytest.mark.slow
 def test_conformance_has_no_failures(env, mode):
     r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numba", "--mode", mode],
                        env=_env(**env), capture_output=True, text=True, timeout=900)

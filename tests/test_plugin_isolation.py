@@ -167,6 +167,7 @@ def assert_probed_once_and_imported_only_healthy(env, pid: int) -> None:
 
 
 # ---------------------------------------------------------------- listing: prism info
+@pytest.mark.slow  # waits the probe's time limit for the hanging plugin
 def test_prism_info_reports_each_fault_and_lists_the_rest(env):
     r, pid = prism(env, "info")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -258,6 +259,7 @@ NAMED = textwrap.dedent('''
     ''')
 
 
+@pytest.mark.slow  # waits the probe's time limit for the hanging plugin
 def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed(env):
     r, pid = python(env, NAMED)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -273,6 +275,7 @@ def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed
     assert_probed_once_and_imported_only_healthy(env, pid)
 
 
+@pytest.mark.slow  # waits the probe's time limit for the hanging plugin
 def test_conformance_on_a_third_party_backend_reports_the_faults(env):
     r, pid = prism(env, "conformance", "--backend", "numpy", "--backend", "goodplug", "-q", "--op", "ADD")
     assert r.returncode == 0, r.stdout + r.stderr
