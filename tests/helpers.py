@@ -73,6 +73,12 @@ def available_backend(name: str) -> str:
     return name
 
 
+def slow_on_numba(backends) -> list:
+    """Backend names for a parametrize, numba's marked slow: with a cold cache its run compiles every kernel the
+    test reaches (tens of seconds of CPU)."""
+    return [pytest.param(b, marks=pytest.mark.slow) if b == "numba" else b for b in backends]
+
+
 def reads_block_types(case) -> bool:
     """Whether a conformance case's node reads or writes a block (quantized) type."""
     out = case.build(pc.Context(), np.random.default_rng(0)).out

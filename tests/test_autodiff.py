@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import snapshot
+from helpers import slow_on_numba, snapshot
 
 import prism_core as pc
 from prism_core.cli import main as cli
@@ -148,7 +148,7 @@ def test_every_differentiable_op_has_gradient_cases():
             assert key in GRAD_CASES, f"{key} is differentiable but has no gradient cases"
 
 
-@pytest.mark.parametrize("name", [b.name for b in pc.backends() if b.available])
+@pytest.mark.parametrize("name", slow_on_numba(b.name for b in pc.backends() if b.available))
 def test_gradients_match_finite_differences_on_every_backend(name):
     results = run_grad(pc.backend(name), grad_cases())
     failures = [r.describe() for r in results if r.status == FAIL]

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import reads_block_types
+from helpers import reads_block_types, slow_on_numba
 
 import prism_core as pc
 from prism_core.cli import main as cli
@@ -34,7 +34,7 @@ def test_cases_cover_f16_non_contiguous_and_inplace():
 
 # ggml (prism_ggml) is a peer, not a port: its differences from the reference are documented in
 # docs/backends/ggml.md and checked case by case in tests/test_ggml_backend.py
-@pytest.mark.parametrize("name", [b.name for b in pc.backends() if b.available and b.name != "ggml"])
+@pytest.mark.parametrize("name", slow_on_numba(b.name for b in pc.backends() if b.available and b.name != "ggml"))
 def test_installed_backend_passes_every_case(name):
     results = run(pc.backend(name), all_cases())
     failures = [r.describe() for r in results if r.status == FAIL]

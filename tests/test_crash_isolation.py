@@ -123,6 +123,7 @@ def test_the_faulty_plugin_really_holds_the_gil():
     assert held <= 1 and released > 20, r.stdout
 
 
+@pytest.mark.slow
 def test_conformance_all_survives_segfault_gil_hang_and_exit(installed, tmp_path):
     root, env = installed
     clean_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
@@ -166,6 +167,7 @@ def test_conformance_all_survives_segfault_gil_hang_and_exit(installed, tmp_path
     assert "SIGSEGV" in r.stderr  # the crash is announced as it happens
 
 
+@pytest.mark.slow
 def test_budget_stops_the_run_and_keeps_the_results(installed, tmp_path):
     _, env = installed
     # gilhang hangs in its first ADD case with no per-case limit: only the budget can end the run. How far
@@ -186,6 +188,7 @@ def test_budget_stops_the_run_and_keeps_the_results(installed, tmp_path):
     assert "**Incomplete run**" in (tmp_path / "r.md").read_text()
 
 
+@pytest.mark.slow
 def test_jobs_give_the_same_results(installed, tmp_path):
     _, env = installed
     _, one = _conformance(env, tmp_path, "--backend", "numpy", "--backend", "segv")
@@ -195,6 +198,7 @@ def test_jobs_give_the_same_results(installed, tmp_path):
     assert strip == [{k: b[k] for k in ("name", "summary", "ops")} for b in two["backends"]]
 
 
+@pytest.mark.slow
 def test_pytest_plugin_survives_a_crashing_backend_under_xdist(installed, tmp_path):
     _, env = installed
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--pyargs",

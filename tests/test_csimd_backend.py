@@ -5,7 +5,6 @@ mul_mat against NumPy, Python-side view validation, and a sanitizer (ASan+UBSan)
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from csimd_builds import sanitized_build
 
 import prism_core as pc
 
@@ -371,33 +371,13 @@ def test_views_outside_their_buffer_are_refused_before_any_call():
         kernels.check_view(fake)
 
 
-def _sanitizer_runtime() -> tuple[str, str] | None:
-    cc = shutil.which("gcc")
-    if cc is None:
-        return None
-    libs = []
-    for name in ("libasan.so", "libubsan.so"):
-        p = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
-        if not p or not os.path.isabs(p) or not os.path.exists(p):
-            return None
-        libs.append(p)
-    return libs[0], libs[1]
-
-
 @pytest.mark.slow
-def test_sanitized_build_runs_conformance_clean(tmp_path):
+def test_sanitized_build_runs_conformance_clean(tmp_path_factory):
     """The whole conformance suite (forward and gradients) on every ISA path, with the module
     built with -fsanitize=address,undefined and the runtimes preloaded (csrc/README.md)."""
     _need_available()
-    rt = _sanitizer_runtime()
-    if rt is None:
-        pytest.skip("no gcc with libasan/libubsan here: the sanitizer runtime is not present")
-    pytest.importorskip("cffi")
-    build = subprocess.run([sys.executable, str(ROOT / "csrc" / "build_csimd.py"), "--sanitize", "--out",
-                            str(tmp_path)], cwd=RUN_DIR, capture_output=True, text=True, timeout=600)
-    if build.returncode != 0:
-        pytest.skip(f"the sanitized build failed here: {build.stderr[-2000:]}")
-    lib = build.stdout.strip().splitlines()[-1]
+    lib, rt = sanitized_build(tmp_path_factory)  # built once, shared with test_quant_chunk.py
+    lib = str(lib)
     env = _env(LD_PRELOAD=" ".join(rt), ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", PRISM_CSIMD_LIBRARY=lib)
     probe = subprocess.run([sys.executable, "-c", "print(1)"], env=env, cwd=RUN_DIR, capture_output=True, text=True,

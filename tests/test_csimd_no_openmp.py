@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from csimd_builds import build_once
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,14 +25,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def serial_build(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("csimd-serial")
-    r = subprocess.run([sys.executable, str(REPO / "csrc" / "build_csimd.py"), "--no-openmp", "--out", str(out)],
-                       capture_output=True, text=True, timeout=1200)
-    if r.returncode != 0 and "error: command" in r.stderr and "failed: No such file" in r.stderr:
-        pytest.skip(f"no C compiler here: {r.stderr[-300:]}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    lib = Path(r.stdout.strip().splitlines()[-1])
-    assert lib.is_file(), r.stdout
+    lib, stderr = build_once(tmp_path_factory, "--no-openmp")  # once in the run, whichever worker asks first
+    if lib is None and "error: command" in stderr and "failed: No such file" in stderr:
+        pytest.skip(f"no C compiler here: {stderr[-300:]}")
+    assert lib is not None, stderr[-4000:]
+    assert lib.is_file(), lib
     return lib
 
 

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import slow_on_numba
 from test_sequences import AVAILABLE, PROMPTS, _tiny_model
 
 import prism_core as pc
@@ -214,7 +215,7 @@ def _gemma(backend):
     return pc.models.load(str(gemma.assemble()), backend=backend, n_ctx=512, n_seq=4)
 
 
-@pytest.mark.parametrize("backend", ["numba", "csimd"])
+@pytest.mark.parametrize("backend", slow_on_numba(["numba", "csimd"]))
 def test_gemma3_270m_within_the_activation_noise(backend):
     """Every logits row the engine sampled from, while its history equals the solo run's, is within the
     backend's noise of quantized activations of the solo row; a token may differ only where the solo run's

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 from finetune_models import text, write_tiny
+from helpers import slow_on_numba
 from test_models import ARCHS, reference_logits, tiny, to_tensors
 
 import prism_core as pc
@@ -178,7 +179,7 @@ def test_lora_gradients_match_float64_finite_differences(arch):
     assert all(np.abs(g).max() > 0 for g in grads.values())  # A's gradients too, B being non-zero
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba", "csimd"])
+@pytest.mark.parametrize("backend", slow_on_numba(["numpy", "numba", "csimd"]))
 def test_gradients_pass_through_quantized_weights_on_every_backend(backend):
     """Q8_0 matrices stay quantized and frozen; the gradient to the activations goes through them
     (OUT_PROD with a block-type a), on each backend that claims it, against the float64 forward of the

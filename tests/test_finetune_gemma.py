@@ -50,6 +50,7 @@ def step0_losses(model, n: int) -> tuple[TokenWindows, list[float]]:
 CASES = [("numba", "f32", False, 1e-6), ("numba", "f16", True, 1e-4), ("csimd", "f32", False, 3e-2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "cache", "flash", "bound"), CASES)
 def test_step0_loss_is_the_perplexity_of_the_same_windows(backend, cache, flash, bound):
     if backend not in AVAILABLE:

@@ -44,6 +44,16 @@ def test_thread_count_from_environment():
     assert r.stdout.split() == ["threads", "1"]
 
 
+def test_a_second_module_name_is_refused():
+    """From the repository root the files also import as backends.prism_numba; numba's cache names a kernel's
+    entries after its file, and an entry imports its module by the name it was compiled under, so that name
+    would load (or overwrite) prism_numba's entries: refused at import, saying which name to use."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", "import backends.prism_numba"], cwd=root, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "ImportError: import prism_numba, not backends.prism_numba" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("var,value", [("PRISM_NUM_THREADS", "zero"), ("PRISM_NUM_THREADS", "0"),
                                        ("PRISM_NUMBA_SERIAL_WORK", "-1")])
 def test_invalid_thread_settings_make_backend_unavailable_with_reason(var, value):
@@ -59,6 +69,7 @@ def test_invalid_thread_settings_make_backend_unavailable_with_reason(var, value
                                  {"PRISM_NUM_THREADS": "2", "PRISM_NUMBA_SERIAL_WORK": "0"}],
                          ids=["threads=1", "threads=2,every node parallel"])
 @pytest.mark.parametrize("mode", ["forward", "grad"])
+@pytest.mark.slow
 def test_conformance_has_no_failures(env, mode):
     r = subprocess.run([sys.executable, "-m", "prism_core.cli", "conformance", "--backend", "numba", "--mode", mode],
                        env=_env(**env), capture_output=True, text=True, timeout=900)

@@ -102,13 +102,18 @@ def site(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def env(site, tmp_path) -> dict[str, str]:
+def plugged_env(site: Path, folder: Path) -> dict[str, str]:
+    """The environment of a command with the six plugins installed, its import log in folder."""
     e = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *filter(None, os.environ.get(
-        "PYTHONPATH", "").split(os.pathsep))]), "PRISM_TEST_IMPORT_LOG": str(tmp_path / "imports.log"),
+        "PYTHONPATH", "").split(os.pathsep))]), "PRISM_TEST_IMPORT_LOG": str(folder / "imports.log"),
         "PRISM_PLUGIN_TIMEOUT": str(TIMEOUT)}
     e.pop(pc.plugin.registry.ENV_BACKEND, None)
     return e
+
+
+@pytest.fixture
+def env(site, tmp_path) -> dict[str, str]:
+    return plugged_env(site, tmp_path)
 
 
 def imports(env) -> list[tuple[str, int]]:
@@ -117,15 +122,25 @@ def imports(env) -> list[tuple[str, int]]:
     return [(m, int(p)) for m, p in (ln.split() for ln in log.read_text().splitlines())] if log.exists() else []
 
 
+CLI = "from prism_core.cli import main; raise SystemExit(main(sys.argv[1:]))"
+
+
 def prism(env, *argv: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, int]:
     """``python -m prism_core.cli ARGV`` and the pid it ran under."""
-    return python(env, "from prism_core.cli import main; raise SystemExit(main(sys.argv[1:]))", *argv,
-                  timeout=timeout)
+    return python(env, CLI, *argv, timeout=timeout)
 
 
 def python(env, code: str, *argv: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, int]:
-    p = subprocess.Popen([sys.executable, "-c", "import sys\n" + code, *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+    return finish(start(env, code, *argv), timeout)
+
+
+def start(env, code: str, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import sys\n" + code, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(p: subprocess.Popen, timeout: float = 600) -> tuple[subprocess.CompletedProcess, int]:
+    """The finished process p (its output, exit status) and its pid."""
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -133,6 +148,23 @@ def python(env, code: str, *argv: str, timeout: float = 600) -> tuple[subprocess
         out, err = p.communicate()
         raise AssertionError(f"hung: {out[-2000:]}\n{err[-2000:]}") from None
     return subprocess.CompletedProcess(p.args, p.returncode, out, err), p.pid
+
+
+@pytest.fixture(scope="module")
+def probing(site, tmp_path_factory) -> dict[str, tuple[dict[str, str], subprocess.Popen]]:
+    """The three commands below that probe the plugins, each with its own import log: each waits out the
+    hanging plugin's time limit (TIMEOUT s, asleep), so they start together and each test checks its own."""
+    commands = {"info": (CLI, "info"), "named": (NAMED,),
+                "conformance": (CLI, "conformance", "--backend", "numpy", "--backend", "goodplug", "-q", "--op", "ADD")}
+    started = {}
+    for name, (code, *argv) in commands.items():
+        e = plugged_env(site, tmp_path_factory.mktemp(f"probing-{name}"))
+        started[name] = (e, start(e, code, *argv))
+    yield started
+    for _, p in started.values():
+        if p.poll() is None:  # a test failed before waiting for it
+            p.kill()
+            p.communicate()
 
 
 def installed_built_ins() -> list[str]:
@@ -167,8 +199,10 @@ def assert_probed_once_and_imported_only_healthy(env, pid: int) -> None:
 
 
 # ---------------------------------------------------------------- listing: prism info
-def test_prism_info_reports_each_fault_and_lists_the_rest(env):
-    r, pid = prism(env, "info")
+@pytest.mark.slow  # waits out the hanging plugin's probe (the three such commands at once: probing)
+def test_prism_info_reports_each_fault_and_lists_the_rest(probing):
+    env, started = probing["info"]
+    r, pid = finish(started)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("  ") and "priority=" in ln}
@@ -258,8 +292,10 @@ NAMED = textwrap.dedent('''
     ''')
 
 
-def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed(env):
-    r, pid = python(env, NAMED)
+@pytest.mark.slow  # waits out the hanging plugin's probe (the three such commands at once: probing)
+def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed(probing):
+    env, started = probing["named"]
+    r, pid = finish(started)
     assert r.returncode == 0, r.stdout + r.stderr
     used, refused, unknown, default = r.stdout.splitlines()
     assert used == "goodplug [2.0, 4.0, 6.0]"
@@ -273,8 +309,10 @@ def test_naming_a_healthy_third_party_backend_imports_only_what_its_probe_passed
     assert_probed_once_and_imported_only_healthy(env, pid)
 
 
-def test_conformance_on_a_third_party_backend_reports_the_faults(env):
-    r, pid = prism(env, "conformance", "--backend", "numpy", "--backend", "goodplug", "-q", "--op", "ADD")
+@pytest.mark.slow  # waits out the hanging plugin's probe (the three such commands at once: probing)
+def test_conformance_on_a_third_party_backend_reports_the_faults(probing):
+    env, started = probing["conformance"]
+    r, _ = finish(started)
     assert r.returncode == 0, r.stdout + r.stderr
     assert_faults_reported(r.stdout)
     assert "certified: " in r.stdout.split("(numpy)")[0] and r.stdout.rstrip().endswith("(goodplug)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from csimd_builds import sanitized_build
 
 import prism_core as pc
 from prism_core import quant
@@ -182,24 +183,17 @@ def test_iq4_nl_chunk_zero_blocks():
 
 
 @pytest.mark.slow
-def test_sanitized_build_quantizes_clean(tmp_path):
+def test_sanitized_build_quantizes_clean(tmp_path_factory):
     """Every quantizer of csimd_q_quantize_rows on the golden rows (with and without weights) in a module built
     with -fsanitize=address,undefined: equal to ggml and no sanitizer report. The quantizers are plain C
     (csimd_quant.h) with x86 vector copies of a few (csimd_quantize_x86.h, on the AVX2 and AVX-512 paths): CI
-    runs the CPU's default path (about 45 s with the build), PRISM_FULL_SWEEP=1 every path the CPU runs (about
-    17 s more each)."""
-    from test_csimd_backend import RUN_DIR, _cpu_isas, _env, _need_available, _sanitizer_runtime
+    runs the CPU's default path, PRISM_FULL_SWEEP=1 every path the CPU runs (about 17 s more each). The build
+    (about 45 s of CPU) is shared with test_csimd_backend.py's sanitizer run."""
+    from test_csimd_backend import RUN_DIR, _cpu_isas, _env, _need_available
     _need_available()
-    rt = _sanitizer_runtime()
-    if rt is None:
-        pytest.skip("no gcc with libasan/libubsan here: the sanitizer runtime is not present")
-    build = subprocess.run([sys.executable, str(ROOT / "csrc" / "build_csimd.py"), "--sanitize", "--out",
-                            str(tmp_path)], cwd=RUN_DIR, capture_output=True, text=True, timeout=900)
-    if build.returncode != 0:
-        pytest.skip(f"the sanitized build failed here: {build.stderr[-2000:]}")
-    lib = build.stdout.strip().splitlines()[-1]
+    lib, rt = sanitized_build(tmp_path_factory)
     env = _env(LD_PRELOAD=" ".join(rt), ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", PRISM_CSIMD_LIBRARY=lib, PRISM_QUANT="csimd")
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1", PRISM_CSIMD_LIBRARY=str(lib), PRISM_QUANT="csimd")
     script = (
         "import sys, numpy as np\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"

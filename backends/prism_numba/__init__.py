@@ -22,6 +22,13 @@ and arguments bound, so that a planned small node costs about one compiled-funct
 
 from __future__ import annotations
 
+if __name__ != "prism_numba":
+    # numba names a cached kernel's file after its source file, and a cached kernel imports its module by the
+    # name it was compiled under: a second name for these files would load the other name's entries (and fail
+    # where that name does not import) or overwrite them
+    raise ImportError(f"import prism_numba, not {__name__}: numba's on-disk cache of its kernels holds one module "
+                      "name per file (pip install -e . puts backends/ on sys.path)")
+
 from collections.abc import Callable
 from functools import partial
 from importlib import metadata
