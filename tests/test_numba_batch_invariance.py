@@ -46,7 +46,7 @@ def _product(nb, ctx: pc.Context, w: pc.Tensor, x: np.ndarray) -> np.ndarray:
     """MUL_MAT of w by the rows of x, computed strictly on numba; the result's bits as uint32."""
     out = pc.mul_mat(w, ctx.from_numpy(np.ascontiguousarray(x)))
     pc.compute(pc.Graph().expand(out), nb, strict=True)
-    return out.numpy().view(np.uint32)
+    return out.numpy().reshape(len(x), M).view(np.uint32)
 
 
 @pytest.mark.parametrize("threads", (1, 2))

@@ -310,6 +310,9 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
                 acc[r * COLS + c] += _legacy_tail(fmt, a, o + r * ws, xq, xd, xo + c * nk + 32 * ib)
 
 
+# The portable vector code is never taken (kernels_quant.int_path), only compiled by the tests to check its
+# bits; without block_dot (a constant numba prunes) that compilation takes minutes less.
+MULTI_ROW = V.INT_PATH
 ROWS_PER_TASK = 128
 Q_BLOCK = 64  # activation rows served per pass over a task's weight rows (with them, in L2)
 PREFETCH = 4096  # bytes: weights are prefetched this far ahead of the rows being read
@@ -357,14 +360,15 @@ def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
                     q = q0
                     while q < q1:
                         t = base + q
-                        if (g == ROWS and q + COLS <= q1 and finite[t] and finite[t + 1] and finite[t + 2]
-                                and finite[t + 3]):
-                            block_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
-                            for r in range(ROWS):
-                                for c in range(COLS):
-                                    out[q + c, m + r] = acc[r * COLS + c]
-                            q += COLS
-                            continue
+                        if MULTI_ROW:
+                            if (g == ROWS and q + COLS <= q1 and finite[t] and finite[t + 1] and finite[t + 2]
+                                    and finite[t + 3]):
+                                block_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
+                                for r in range(ROWS):
+                                    for c in range(COLS):
+                                        out[q + c, m + r] = acc[r * COLS + c]
+                                q += COLS
+                                continue
                         orow = out[q]
                         if not finite[t]:
                             _float_rows(fmt, a, k3, k2, m, g, b[i3, i2, q], orow)
