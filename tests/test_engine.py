@@ -218,7 +218,8 @@ def _gemma_many(model, n):
 
 def test_gemma3_270m_on_numba_is_each_prompt_alone_exactly():
     """numba is exact: every greedy token, and every logits row it was sampled from, is the solo run's, bit
-    for bit, although steps batch decode rows with prompt chunks."""
+    for bit, although steps batch decode rows with prompt chunks. (Before numba's products were
+    batch-invariant, every logits row differed, and one prompt's tokens.)"""
     alone, got, recs = _gemma_many(_gemma("numba"), 10)
     for (want, solo), toks, rec in zip(alone, got, recs):
         assert [t.id for t in toks] == want

@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from ._fdot import dot1
 from ._jit import row_index
-from ._jit_fast import BLOCK_K, add_row_dots, contiguous_row
+from ._jit_fast import add_row_dots, contiguous_row
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
 
@@ -325,9 +325,8 @@ def q_mul_mat(fmt, a, b, o):
                     for q in range(nn):
                         y = contiguous_row(b[i3, i2, q], ybuf)
                         orow = o[i3, i2, q]
-                        acc[:] = 0.0
-                        for kb in range(0, nk, BLOCK_K):  # the blocks of _jit_fast.mul_mat: the same bits
-                            add_row_dots(tile, kb, nk, g, y, kb, min(kb + BLOCK_K, nk) - kb, acc)
+                        acc[:] = 0.0  # one pass over k (no blocks: the lanes summed once per product)
+                        add_row_dots(tile, 0, nk, g, y, 0, nk, acc)
                         for gi in range(g):
                             orow[m0 + gi] = acc[gi]
 
@@ -347,10 +346,7 @@ def q_mul_mat_id(fmt, w, b, ids, o):
         x = np.empty(nk, np.float32)
         for m in range(nm):
             decode_row(fmt, w[0, ex, m], x)
-            s = np.float32(0.0)
-            for kb in range(0, nk, BLOCK_K):
-                s += dot1(x, kb, 0, y, kb, 0, min(kb + BLOCK_K, nk) - kb)
-            o[0, t, e, m] = s
+            o[0, t, e, m] = np.float32(0.0) + dot1(x, 0, 0, y, 0, 0, nk)  # as q_mul_mat's products
 
 
 KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}
