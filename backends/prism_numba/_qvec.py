@@ -174,9 +174,9 @@ def _block_u8(fmt: str, context, b, wty, w, o):
 
 
 def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
-    """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> ``rows * cols`` float32 (a tuple unless both are
-    1; entry r * cols + c): the dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w,
-    uint8), 2 * pairs blocks of format fmt each, with ``cols`` int8 activation rows xq[xo + c * xs:]
+    """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> a tuple of ``rows * cols`` float32 (entry
+    r * cols + c): the dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8),
+    2 * pairs blocks of format fmt each, with ``cols`` int8 activation rows xq[xo + c * xs:]
     (whole blocks; per block the fp16-rounded scale in xd[. // 32], per four values the offset term
     in xc[. // 4]). Each weight block is unpacked once for every activation row and each activation
     load serves every weight row; per (row, column) the arithmetic is that of rows = cols = 1 (d_w * d_x
@@ -187,8 +187,7 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
     @intrinsic
     def chunk(typingctx, w, wo, ws, xq, xc, xd, xo, xs):
         n = rows * cols
-        ret = types.float32 if n == 1 else types.UniTuple(types.float32, n)
-        sig = ret(w, types.int64, types.int64, xq, xc, xd, types.int64, types.int64)
+        sig = types.UniTuple(types.float32, n)(w, types.int64, types.int64, xq, xc, xd, types.int64, types.int64)
 
         def codegen(context, b, signature, args):
             wty, _, _, qty, cty, dty, _, _ = signature.args
@@ -216,7 +215,7 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
                         d = b.fmul(dw, dx[j])
                         acc[r * cols + j] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r * cols + j])
             sums = [_hsum(b, a) for a in acc]
-            return sums[0] if n == 1 else context.make_tuple(b, signature.return_type, sums)
+            return context.make_tuple(b, signature.return_type, sums)
         return sig, codegen
     return chunk
 
