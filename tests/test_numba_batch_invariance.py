@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import test_numba_quant
 from gguf import GGMLQuantizationType as GT
 from test_csimd_quant import random_blocks
 
@@ -23,14 +24,7 @@ M = 45  # weight rows: not a multiple of 4 or 8, so every kernel's row-group tai
 K = {"f32": 1000, "f16": 1000, GT.Q4_0: 2336, GT.Q5_0: 2336, GT.Q8_0: 2336, GT.Q4_K: 2304, GT.Q6_K: 2304,
      GT.Q5_K: 2304}
 WEIGHTS = ("f32", "f16", GT.Q8_0, GT.Q5_0, GT.Q4_K, GT.Q6_K, GT.Q4_0, GT.Q5_K)
-
-
-@pytest.fixture(scope="module")
-def nb():
-    info = next((i for i in pc.backends() if i.name == "numba"), None)
-    if info is None or not info.available:
-        pytest.skip(f"numba unavailable here: {info.reason if info else 'not registered'}")
-    return pc.backend("numba")
+nb = test_numba_quant.nb  # the numba backend (skips where numba is unavailable)
 
 
 def _weight(ctx: pc.Context, kind, rng: np.random.Generator) -> pc.Tensor:
