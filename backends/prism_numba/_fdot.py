@@ -49,52 +49,66 @@ def _hsum(b, v):
     return b.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
+def _lane_sums(b, xp, yp, n, rows, cols):
+    """The rows x cols dot products of the n values at pointers xp[r] and yp[c], in the module's order."""
+    m = rows * cols
+    zero = ir.Constant(_VEC, [0.0] * LANES)
+    acc = [cgutils.alloca_once_value(b, zero) for _ in range(m)]  # zeroed here, at every call of this
+    full = b.and_(n, ir.Constant(_I64, -LANES))
+    with cgutils.for_range_slice(b, ir.Constant(_I64, 0), full, ir.Constant(_I64, LANES), _I64) as (k, _):
+        xv = [_vload(b, b.gep(p, [k], inbounds=True)) for p in xp]
+        yv = [_vload(b, b.gep(p, [k], inbounds=True)) for p in yp]
+        for r in range(rows):
+            for c in range(cols):
+                a = acc[r * cols + c]
+                b.store(_fma(b, xv[r], yv[c], b.load(a)), a)
+    # the last n % 16 values, zero-padded to a whole vector (copied to the stack: never read past n)
+    with b.if_then(b.icmp_signed("<", full, n)):
+        pads = [cgutils.alloca_once_value(b, zero) for _ in range(rows + cols)]
+        for pad, p in zip(pads, xp + yp):
+            dst = b.bitcast(pad, _F32.as_pointer())
+            with cgutils.for_range_slice(b, full, n, ir.Constant(_I64, 1), _I64) as (k, _):
+                b.store(b.load(b.gep(p, [k], inbounds=True)), b.gep(dst, [b.sub(k, full)], inbounds=True))
+        xv = [b.load(pad) for pad in pads[:rows]]
+        yv = [b.load(pad) for pad in pads[rows:]]
+        for r in range(rows):
+            for c in range(cols):
+                a = acc[r * cols + c]
+                b.store(_fma(b, xv[r], yv[c], b.load(a)), a)
+    return [_hsum(b, b.load(a)) for a in acc]
+
+
 def fdot(rows: int, cols: int):
-    """An intrinsic f(x, xo, xs, y, yo, ys, n) -> ``rows * cols`` float32 (a tuple unless both are 1;
-    entry r * cols + c): the dot products of the n float32 values at element offsets xo + r * xs of
+    """An intrinsic f(x, xo, xs, y, yo, ys, n, block) -> ``rows * cols`` float32 (a tuple unless both are
+    1; entry r * cols + c): the dot products of the n float32 values at element offsets xo + r * xs of
     array x with those at yo + c * ys of array y (offsets from each array's first element; the values
-    of a row contiguous), in the order of the module docstring."""
+    of a row contiguous): per ``block`` values the order of the module docstring, the blocks' sums added
+    in order to a total from 0 (a kernel that walks the blocks itself, adding each to a zeroed total,
+    gets the same bits)."""
     @intrinsic
-    def dot(typingctx, x, xo, xs, y, yo, ys, n):
+    def dot(typingctx, x, xo, xs, y, yo, ys, n, block):
         for t in (x, y):
             if not (isinstance(t, types.Array) and t.dtype == types.float32):
                 return None
         m = rows * cols
         ret = types.float32 if m == 1 else types.UniTuple(types.float32, m)
-        sig = ret(x, types.int64, types.int64, y, types.int64, types.int64, types.int64)
+        sig = ret(x, types.int64, types.int64, y, types.int64, types.int64, types.int64, types.int64)
 
         def codegen(context, b, signature, args):
-            xty, _, _, yty, _, _, _ = signature.args
-            x_, xo_, xs_, y_, yo_, ys_, n_ = args
+            xty, _, _, yty, _, _, _, _ = signature.args
+            x_, xo_, xs_, y_, yo_, ys_, n_, block_ = args
             xp = [_row_ptr(context, b, xty, x_, b.add(xo_, b.mul(xs_, ir.Constant(_I64, r)))) for r in range(rows)]
             yp = [_row_ptr(context, b, yty, y_, b.add(yo_, b.mul(ys_, ir.Constant(_I64, c)))) for c in range(cols)]
-            zero = ir.Constant(_VEC, [0.0] * LANES)
-            acc = [cgutils.alloca_once_value(b, zero) for _ in range(m)]
-            full = b.and_(n_, ir.Constant(_I64, -LANES))
-            with cgutils.for_range_slice(b, ir.Constant(_I64, 0), full, ir.Constant(_I64, LANES), _I64) as (k, _):
-                xv = [_vload(b, b.gep(p, [k], inbounds=True)) for p in xp]
-                yv = [_vload(b, b.gep(p, [k], inbounds=True)) for p in yp]
-                for r in range(rows):
-                    for c in range(cols):
-                        a = acc[r * cols + c]
-                        b.store(_fma(b, xv[r], yv[c], b.load(a)), a)
-            # the last n % 16 values, zero-padded to a whole vector (copied to the stack: never read past n)
-            with b.if_then(b.icmp_signed("<", full, n_)):
-                pads = [cgutils.alloca_once_value(b, zero) for _ in range(rows + cols)]
-                for pad, p in zip(pads, xp + yp):
-                    b.store(zero, pad)
-                    dst = b.bitcast(pad, _F32.as_pointer())
-                    with cgutils.for_range_slice(b, full, n_, ir.Constant(_I64, 1), _I64) as (k, _):
-                        val = b.load(b.gep(p, [k], inbounds=True))
-                        b.store(val, b.gep(dst, [b.sub(k, full)], inbounds=True))
-                xv = [b.load(pad) for pad in pads[:rows]]
-                yv = [b.load(pad) for pad in pads[rows:]]
-                for r in range(rows):
-                    for c in range(cols):
-                        a = acc[r * cols + c]
-                        b.store(_fma(b, xv[r], yv[c], b.load(a)), a)
-            sums = [_hsum(b, b.load(a)) for a in acc]
-            return sums[0] if m == 1 else context.make_tuple(b, signature.return_type, sums)
+            total = [cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0)) for _ in range(m)]
+            with cgutils.for_range_slice(b, ir.Constant(_I64, 0), n_, block_, _I64) as (kb, _):
+                left = b.sub(n_, kb)
+                kl = b.select(b.icmp_signed("<", left, block_), left, block_)
+                sums = _lane_sums(b, [b.gep(p, [kb], inbounds=True) for p in xp],
+                                  [b.gep(p, [kb], inbounds=True) for p in yp], kl, rows, cols)
+                for t, v in zip(total, sums):
+                    b.store(b.fadd(b.load(t), v), t)
+            out = [b.load(t) for t in total]
+            return out[0] if m == 1 else context.make_tuple(b, signature.return_type, out)
         return sig, codegen
     return dot
 

@@ -341,17 +341,17 @@ def _cv32(v, lut):
 
 
 @njit(**_OPTS)
-def add_row_dots(x, xo, xs, g, y, yo, n, acc):
+def add_row_dots(x, xo, xs, g, y, yo, n, block, acc):
     """acc[i] += the dot product of the n float32 values at element offset xo + i * xs of x with those at
-    yo of y, for i < g <= 8: eight rows in one vector pass (each load of y serving all), fewer one by one;
-    every product in _fdot's order, so the same bits either way."""
+    yo of y (per ``block`` values, _fdot's order), for i < g <= 8: eight rows in one vector pass (each load
+    of y serving all), fewer one by one; the same bits either way."""
     if g == 8:
-        t = dot8x1(x, xo, xs, y, yo, 0, n)
+        t = dot8x1(x, xo, xs, y, yo, 0, n, block)
         for i in range(8):
             acc[i] += t[i]
     else:
         for i in range(g):
-            acc[i] += dot1(x, xo + i * xs, 0, y, yo, 0, n)
+            acc[i] += dot1(x, xo + i * xs, 0, y, yo, 0, n, block)
 
 
 @njit(**_OPTS)
@@ -370,6 +370,35 @@ def _packed_rows(a, la, k3, k2, m, g, kb, kl, buf):
         for k in range(kl):
             buf[0, 0, i, k] = ld32(a, la, k3, k2, m + i, kb + k)
     return buf, 0, buf.shape[3]
+
+
+def f32_rows(a):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(f32_rows)
+def _f32_rows(a):
+    """Whether a's rows are float32 values read in place (contiguous along k): a GEMV's direct pass."""
+    if a.dtype != types.float32:
+        return lambda a: False
+    return lambda a: a.strides[3] == 4
+
+
+def direct_row_dots(a, k3, k2, m, g, y, acc):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(direct_row_dots)
+def _direct_row_dots(a, k3, k2, m, g, y, acc):
+    """add_row_dots of rows m..m+g of matrix a[k3, k2] read in place (where f32_rows(a)), in one pass over
+    k with the blocks of BLOCK_K walked inside it; nothing for F16/BF16 bits (never called for them)."""
+    if a.dtype != types.float32:
+        return lambda a, k3, k2, m, g, y, acc: None
+
+    def impl(a, k3, k2, m, g, y, acc):
+        xo = (k3 * a.strides[0] + k2 * a.strides[1] + m * a.strides[2]) // 4
+        add_row_dots(a, xo, a.strides[2] // 4, g, y, 0, a.shape[3], BLOCK_K, acc)
+    return impl
 
 
 def a_rows(a, la, k3, k2, m, g, kb, kl, buf):  # pragma: no cover - replaced by the overload in compiled code
@@ -431,6 +460,7 @@ def mul_mat(a, la, b, o):
             buf = np.empty((1, 1, 8, BLOCK_K), np.float32)
             ybuf = np.empty(nk, np.float32)
             acc = np.empty(8, np.float32)
+            direct = f32_rows(a)
             for q in range(nn):
                 y = contiguous_row(b[i3, i2, q], ybuf)
                 orow = o[i3, i2, q]
@@ -438,10 +468,13 @@ def mul_mat(a, la, b, o):
                 while mm < me:
                     g = 8 if mm + 8 <= me else 1  # eight rows of a share each load of b
                     acc[:] = 0.0
-                    for kb in range(0, nk, BLOCK_K):
-                        kl = min(kb + BLOCK_K, nk) - kb
-                        x, xo, xs = a_rows(a, la, k3, k2, mm, g, kb, kl, buf)
-                        add_row_dots(x, xo, xs, g, y, kb, kl, acc)
+                    if direct:  # one pass, the blocks of BLOCK_K walked inside it
+                        direct_row_dots(a, k3, k2, mm, g, y, acc)
+                    else:
+                        for kb in range(0, nk, BLOCK_K):
+                            kl = min(kb + BLOCK_K, nk) - kb
+                            x, xo, xs = a_rows(a, la, k3, k2, mm, g, kb, kl, buf)
+                            add_row_dots(x, xo, xs, g, y, kb, kl, BLOCK_K, acc)
                     for i in range(g):
                         orow[mm + i] = acc[i]
                     mm += g
@@ -487,7 +520,7 @@ def mul_mat(a, la, b, o):
                         pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
             for qq in range(0, qn, 4):
                 for mm in range(0, w, 4):  # rows past w and qn are padding: computed, never stored
-                    s = dot4x4(pa, mm * BLOCK_K, BLOCK_K, pb, qq * BLOCK_K, BLOCK_K, kl)
+                    s = dot4x4(pa, mm * BLOCK_K, BLOCK_K, pb, qq * BLOCK_K, BLOCK_K, kl, BLOCK_K)
                     for r in range(4):
                         for c in range(4):
                             acc[qq + c, mm + r] += s[4 * r + c]

@@ -326,7 +326,7 @@ def q_mul_mat(fmt, a, b, o):
                         y = contiguous_row(b[i3, i2, q], ybuf)
                         orow = o[i3, i2, q]
                         acc[:] = 0.0  # one pass over k (no blocks: the lanes summed once per product)
-                        add_row_dots(tile, 0, nk, g, y, 0, nk, acc)
+                        add_row_dots(tile, 0, nk, g, y, 0, nk, nk, acc)
                         for gi in range(g):
                             orow[m0 + gi] = acc[gi]
 
@@ -346,7 +346,7 @@ def q_mul_mat_id(fmt, w, b, ids, o):
         x = np.empty(nk, np.float32)
         for m in range(nm):
             decode_row(fmt, w[0, ex, m], x)
-            o[0, t, e, m] = np.float32(0.0) + dot1(x, 0, 0, y, 0, 0, nk)  # as q_mul_mat's products
+            o[0, t, e, m] = np.float32(0.0) + dot1(x, 0, 0, y, 0, 0, nk, nk)  # as q_mul_mat's products
 
 
 KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}
