@@ -11,7 +11,6 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import slow_on_numba
 from test_sequences import AVAILABLE, PROMPTS, _tiny_model
 
 import prism_core as pc
@@ -47,11 +46,8 @@ def _alone(model, prompt, n, sampler=None):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_generate_many_equals_each_prompt_alone_exactly(backend, arch):
     """5 prompts, 3 at a time, steps of at most 4 tokens: prompts are read in chunks beside other requests'
-    decode rows, and two are admitted into the cells of ended ones; tokens and logits equal the solo run.
-    numba's F32 MUL_MAT is not batch-invariant (under 4 rows a GEMV, from 4 rows a register-tiled GEMM,
-    each reassociating its sums its own way): a 1e-7 difference that flips an F16 rounding (the cache, the
-    queries) moves a logit by about 5e-4 of the largest (tests/test_llamacpp_agreement.py), so there the
-    logits agree to 1e-3 of the largest and the tokens exactly."""
+    decode rows, and two are admitted into the cells of ended ones; tokens and logits equal the solo run,
+    bit for bit (numba's products give each row the bits it gets alone: tests/test_numba_batch_invariance.py)."""
     _need(backend)
     model, _, _ = _tiny_model(backend, arch, n_layer=2 if arch == "llama" else 6, n_batch=4, n_seq=3)
     n = 7
@@ -61,11 +57,7 @@ def test_generate_many_equals_each_prompt_alone_exactly(backend, arch):
     for (want, solo), toks, rec in zip(alone, got, recs):
         assert [t.id for t in toks] == want
         assert rec.histories == solo.histories
-        z, z0 = np.stack(rec.logits), np.stack(solo.logits)
-        if backend == "numpy":
-            np.testing.assert_array_equal(z, z0)
-        else:
-            np.testing.assert_allclose(z, z0, rtol=0, atol=1e-3 * np.abs(z0).max())
+        np.testing.assert_array_equal(np.stack(rec.logits), np.stack(solo.logits))
     assert model.cache.used() == 0 and len(model.cache.next_pos) <= 1
 
 
@@ -215,18 +207,34 @@ def _gemma(backend):
     return pc.models.load(str(gemma.assemble()), backend=backend, n_ctx=512, n_seq=4)
 
 
-@pytest.mark.parametrize("backend", slow_on_numba(["numba", "csimd"]))
-def test_gemma3_270m_within_the_activation_noise(backend):
-    """Every logits row the engine sampled from, while its history equals the solo run's, is within the
-    backend's noise of quantized activations of the solo row; a token may differ only where the solo run's
-    top two were closer than that noise. (numba quantizes the activations of fewer than 24 rows of Q4_K
-    (32 of Q6_K) and multiplies larger batches by the exact weights: a decode row beside a prompt chunk
-    changes path, by that same noise.)"""
-    model = _gemma(backend)
-    n = 10
+def _gemma_many(model, n):
+    """The six prompts alone, then through generate_many 4 at a time (the long prompt read in chunks beside
+    other sequences' decode rows, two prompts admitted as others end): (solo runs, tokens, recorders)."""
     alone = [_alone(model, p, n) for p in GEMMA_PROMPTS]
     recs = [Recorder() for _ in GEMMA_PROMPTS]
     got = model.generate_many(list(GEMMA_PROMPTS), n, recs, n_parallel=4)
+    return alone, got, recs
+
+
+@pytest.mark.slow
+def test_gemma3_270m_on_numba_is_each_prompt_alone_exactly():
+    """numba is exact: every greedy token, and every logits row it was sampled from, is the solo run's, bit
+    for bit, although steps batch decode rows with prompt chunks. (Before numba's products were
+    batch-invariant, every logits row differed, and one prompt's tokens.)"""
+    alone, got, recs = _gemma_many(_gemma("numba"), 10)
+    for (want, solo), toks, rec in zip(alone, got, recs):
+        assert [t.id for t in toks] == want
+        np.testing.assert_array_equal(np.stack(rec.logits), np.stack(solo.logits))
+
+
+@pytest.mark.parametrize("backend", ["csimd"])
+def test_gemma3_270m_within_the_activation_noise(backend):
+    """Every logits row the engine sampled from, while its history equals the solo run's, is within the
+    backend's noise of quantized activations of the solo row; a token may differ only where the solo run's
+    top two were closer than that noise."""
+    model = _gemma(backend)
+    n = 10
+    alone, got, recs = _gemma_many(model, n)
     diffs = []
     for (want, solo), toks, rec in zip(alone, got, recs):
         ids = [t.id for t in toks]

@@ -83,7 +83,7 @@ def int_path(node: pc.Tensor) -> bool:
 
 @pytest.mark.parametrize("t", WEIGHTS, ids=lambda t: t.name)
 def test_mul_mat_against_float64(nb, mode, t):
-    """Against float64 on the decoded weights and, on the integer path (few activation rows), on
+    """Against float64 on the decoded weights and, on the integer path (its five formats), on
     the activations as quantized for it (ggml's rounding): float32 sums of exact integer dots."""
     rng = np.random.default_rng(100 + int(t))
     k = max(256, TRAITS[GGMLType(int(t))].blck_size) * 2
@@ -114,7 +114,9 @@ def test_mul_mat_broadcast_and_strided(nb, mode):
     b = pc.permute(ctx.from_numpy(np.ascontiguousarray(bv.transpose(0, 2, 1, 3))), 0, 2, 1, 3)
     out = pc.mul_mat(a, b)  # a (1, 2) broadcast onto b (3, 4): each a matrix serves two b matrices
     pc.compute(pc.Graph().expand(out), nb, strict=True)
-    want = np.einsum("xynk,xymk->xynm", bv.astype(np.float64), np.repeat(np.repeat(av, 3, 0), 2, 1))
+    # on the integer path (every row count of Q4_K) against the activations as quantized for it
+    xv = activation_values(bv.reshape(-1, k), t).reshape(bv.shape) if int_path(out) else bv.astype(np.float64)
+    want = np.einsum("xynk,xymk->xynm", xv, np.repeat(np.repeat(av, 3, 0), 2, 1))
     assert np.allclose(out.numpy(), want, rtol=1e-4, atol=1e-3)
 
 

@@ -78,7 +78,7 @@ class NumbaBackend(prism_core.Backend):
     version = f"{prism_core.__version__}+numba{_numba_version()}"
     priority = 50
     kernels = KERNELS
-    activation_precision = "q8"  # block-weight products below the row threshold quantize activations as ggml
+    activation_precision = "q8"  # Q4_0/Q5_0/Q8_0/Q4_K/Q6_K products quantize activations as ggml
     block_types = kernels_quant.BLOCK_TYPES  # every block type the table holds (kernels_quant.py)
     _adaptive = True  # $PRISM_ADAPTIVE_THREADS, read by availability()
 

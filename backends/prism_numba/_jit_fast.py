@@ -14,11 +14,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from ._fdot import dot1, dot4x4, dot8x1
 from ._jit import _OPTS, row_index, unary_value
 
-# MUL_MAT sums in float32 in any order (within its op's error bound): reassociation lets
-# LLVM vectorise the dot products; no other fast-math assumption (NaN/inf are kept).
-_MM_OPTS = dict(_OPTS, fastmath={"reassoc", "contract"})
 
 # ------------------------------------------------------------------ elementwise, flat
 @njit(parallel=True, **_OPTS)
@@ -342,36 +340,84 @@ def _cv32(v, lut):
     return impl
 
 
-@njit(inline="always", **_MM_OPTS)
-def dot_rows8(rows, r, y, lut, out, m):
-    """out[m + i] = rows[r + i] . y for i < 8, float32 sums (F16/BF16 rows through lut): eight rows share each
-    load of y, eight independent accumulation streams. Inlined into its callers (here and _jit_quant), so
-    a change here needs their caches rebuilt too (numba keys a cache on the caller's file only)."""
-    x0, x1, x2, x3 = rows[r], rows[r + 1], rows[r + 2], rows[r + 3]
-    x4, x5, x6, x7 = rows[r + 4], rows[r + 5], rows[r + 6], rows[r + 7]
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    for k in range(y.shape[0]):
-        yk = y[k]
-        s0 += cv32(x0[k], lut) * yk
-        s1 += cv32(x1[k], lut) * yk
-        s2 += cv32(x2[k], lut) * yk
-        s3 += cv32(x3[k], lut) * yk
-        s4 += cv32(x4[k], lut) * yk
-        s5 += cv32(x5[k], lut) * yk
-        s6 += cv32(x6[k], lut) * yk
-        s7 += cv32(x7[k], lut) * yk
-    out[m], out[m + 1], out[m + 2], out[m + 3] = s0, s1, s2, s3
-    out[m + 4], out[m + 5], out[m + 6], out[m + 7] = s4, s5, s6, s7
+@njit(**_OPTS)
+def add_row_dots(x, xo, xs, g, y, yo, n, block, acc):
+    """acc[i] += the dot product of the n float32 values at element offset xo + i * xs of x with those at
+    yo of y (per ``block`` values, _fdot's order), for i < g <= 8: eight rows in one vector pass (each load
+    of y serving all), fewer one by one; the same bits either way."""
+    if g == 8:
+        t = dot8x1(x, xo, xs, y, yo, 0, n, block)
+        for i in range(8):
+            acc[i] += t[i]
+    else:
+        for i in range(g):
+            acc[i] += dot1(x, xo + i * xs, 0, y, yo, 0, n, block)
 
 
-@njit(inline="always", **_MM_OPTS)
-def dot_row(x, y, lut):
-    """x . y, a float32 sum (F16/BF16 x through lut): the rows left over after dot_rows8's groups of eight.
-    Inlined like dot_rows8 (a change here needs the callers' caches rebuilt too)."""
-    s = np.float32(0.0)
+@njit(**_OPTS)
+def contiguous_row(y, buf):
+    """y (a float32 row) itself when its values are contiguous, else a copy of it in buf."""
+    if y.strides[0] == 4:
+        return y
     for k in range(y.shape[0]):
-        s += cv32(x[k], lut) * y[k]
-    return s
+        buf[k] = y[k]
+    return buf
+
+
+@njit(inline="always", **_OPTS)
+def _packed_rows(a, la, k3, k2, m, g, kb, kl, buf):
+    for i in range(g):
+        for k in range(kl):
+            buf[0, 0, i, k] = ld32(a, la, k3, k2, m + i, kb + k)
+    return buf, 0, buf.shape[3]
+
+
+def f32_rows(a):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(f32_rows)
+def _f32_rows(a):
+    """Whether a's rows are float32 values read in place (contiguous along k): a GEMV's direct pass."""
+    if a.dtype != types.float32:
+        return lambda a: False
+    return lambda a: a.strides[3] == 4
+
+
+def direct_row_dots(a, k3, k2, m, g, y, acc):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(direct_row_dots)
+def _direct_row_dots(a, k3, k2, m, g, y, acc):
+    """add_row_dots of rows m..m+g of matrix a[k3, k2] read in place (where f32_rows(a)), in one pass over
+    k with the blocks of BLOCK_K walked inside it; nothing for F16/BF16 bits (never called for them)."""
+    if a.dtype != types.float32:
+        return lambda a, k3, k2, m, g, y, acc: None
+
+    def impl(a, k3, k2, m, g, y, acc):
+        xo = (k3 * a.strides[0] + k2 * a.strides[1] + m * a.strides[2]) // 4
+        add_row_dots(a, xo, a.strides[2] // 4, g, y, 0, a.shape[3], BLOCK_K, acc)
+    return impl
+
+
+def a_rows(a, la, k3, k2, m, g, kb, kl, buf):  # pragma: no cover - replaced by the overload in compiled code
+    raise NotImplementedError
+
+
+@overload(a_rows)
+def _a_rows(a, la, k3, k2, m, g, kb, kl, buf):
+    """(array, element offset, row stride) of rows m..m+g, values kb..kb+kl, of matrix a[k3, k2] as float32
+    for add_row_dots: F32 rows with contiguous values in place, anything else (F16/BF16 bits through la,
+    strided values) copied into buf (1 x 1 x 8 x BLOCK_K)."""
+    if a.dtype != types.float32:
+        return _packed_rows.py_func
+
+    def impl(a, la, k3, k2, m, g, kb, kl, buf):
+        if a.strides[3] == 4:
+            return a, (k3 * a.strides[0] + k2 * a.strides[1] + m * a.strides[2]) // 4 + kb, a.strides[2] // 4
+        return _packed_rows(a, la, k3, k2, m, g, kb, kl, buf)
+    return impl
 
 
 TILE_M = 64  # rows of a per task (multiple of 4)
@@ -380,7 +426,11 @@ BLOCK_K = 512  # measured: 10-25% faster than 256 on the benchmark shapes; panel
 GEMV_ROWS = 64  # at most this many rows of a per task when b has fewer than 4 rows
 
 
-@njit(parallel=True, **_MM_OPTS)
+# Every product of MUL_MAT is the same float32 arithmetic whichever branch computes it: per block of
+# BLOCK_K values, _fdot's fixed-order dot product, added to a total that starts at 0 in block order. So a
+# row of the result does not depend on how many rows b has (GEMV or tiles), where it sits in its tile or
+# which compilation (serial or thread pool) runs (tests/test_numba_batch_invariance.py).
+@njit(parallel=True, **_OPTS)
 def mul_mat(a, la, b, o):
     """o[i3, i2, n, m] = sum_k a[i3 // r3, i2 // r2, m, k] * b[i3, i2, n, k], float32 sums
     (a may be F16/BF16 bits: converted while packed).
@@ -388,9 +438,8 @@ def mul_mat(a, la, b, o):
     b with fewer than 4 rows: dot products straight from memory (GEMV; memory bound), eight
     rows of a at a time along row views (unit stride when a is contiguous), 8 to GEMV_ROWS rows per task.
     Otherwise tiles of TILE_M rows of a by TILE_N rows of b run in parallel; k is walked in
-    blocks of BLOCK_K with both panels packed into contiguous float32 buffers (rows padded
-    to a multiple of 4 with zeros) and a 4 x 4 register tile of dot products, vectorised
-    along k."""
+    blocks of BLOCK_K with both panels packed into contiguous float32 buffers and 4 x 4 dot products
+    per vector pass."""
     n3, n2, nn, nm = o.shape
     a3, a2 = a.shape[0], a.shape[1]
     nk = a.shape[3]
@@ -406,25 +455,35 @@ def mul_mat(a, la, b, o):
             i3 = t // n2
             k3 = i3 // r3
             k2 = i2 // r2
-            ak = a[k3, k2]
             m = jm * rows
             me = min(m + rows, nm)
+            buf = np.empty((1, 1, 8, BLOCK_K), np.float32)
+            ybuf = np.empty(nk, np.float32)
+            acc = np.empty(8, np.float32)
+            direct = f32_rows(a)
             for q in range(nn):
-                y = b[i3, i2, q]
+                y = contiguous_row(b[i3, i2, q], ybuf)
                 orow = o[i3, i2, q]
                 mm = m
-                while mm + 8 <= me:  # eight rows of a share each load of b: eight independent streams
-                    dot_rows8(ak, mm, y, la, orow, mm)
-                    mm += 8
                 while mm < me:
-                    orow[mm] = dot_row(a[k3, k2, mm], y, la)
-                    mm += 1
+                    g = 8 if mm + 8 <= me else 1  # eight rows of a share each load of b
+                    acc[:] = 0.0
+                    if direct:  # one pass, the blocks of BLOCK_K walked inside it
+                        direct_row_dots(a, k3, k2, mm, g, y, acc)
+                    else:
+                        for kb in range(0, nk, BLOCK_K):
+                            kl = min(kb + BLOCK_K, nk) - kb
+                            x, xo, xs = a_rows(a, la, k3, k2, mm, g, kb, kl, buf)
+                            add_row_dots(x, xo, xs, g, y, kb, kl, BLOCK_K, acc)
+                    for i in range(g):
+                        orow[mm + i] = acc[i]
+                    mm += g
         return
     tm = (nm + TILE_M - 1) // TILE_M
     tn = (nn + TILE_N - 1) // TILE_N
     # pack along the axis that is contiguous in memory (k for row-major operands)
-    a_rows = a.strides[3] == a.itemsize or a.strides[2] > a.strides[3]
-    b_rows = b.strides[3] == b.itemsize or b.strides[2] > b.strides[3]
+    a_rows_major = a.strides[3] == a.itemsize or a.strides[2] > a.strides[3]
+    b_rows_major = b.strides[3] == b.itemsize or b.strides[2] > b.strides[3]
     for task in prange(n3 * n2 * tm * tn):
         jn = task % tn
         t = task // tn
@@ -443,7 +502,7 @@ def mul_mat(a, la, b, o):
         acc = np.zeros((TILE_N, TILE_M), np.float32)
         for kb in range(0, nk, BLOCK_K):
             kl = min(kb + BLOCK_K, nk) - kb
-            if a_rows:
+            if a_rows_major:
                 for mm in range(w):
                     for k in range(kl):
                         pa[mm, k] = ld32(a, la, k3, k2, m0 + mm, kb + k)
@@ -451,7 +510,7 @@ def mul_mat(a, la, b, o):
                 for k in range(kl):
                     for mm in range(w):
                         pa[mm, k] = ld32(a, la, k3, k2, m0 + mm, kb + k)
-            if b_rows:
+            if b_rows_major:
                 for qq in range(qn):
                     for k in range(kl):
                         pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
@@ -460,52 +519,11 @@ def mul_mat(a, la, b, o):
                     for qq in range(qn):
                         pb[qq, k] = b[i3, i2, q0 + qq, kb + k]
             for qq in range(0, qn, 4):
-                for mm in range(0, w, 4):
-                    s00 = s01 = s02 = s03 = np.float32(0.0)
-                    s10 = s11 = s12 = s13 = np.float32(0.0)
-                    s20 = s21 = s22 = s23 = np.float32(0.0)
-                    s30 = s31 = s32 = s33 = np.float32(0.0)
-                    for k in range(kl):
-                        x0 = pa[mm, k]
-                        x1 = pa[mm + 1, k]
-                        x2 = pa[mm + 2, k]
-                        x3 = pa[mm + 3, k]
-                        y = pb[qq, k]
-                        s00 += x0 * y
-                        s01 += x1 * y
-                        s02 += x2 * y
-                        s03 += x3 * y
-                        y = pb[qq + 1, k]
-                        s10 += x0 * y
-                        s11 += x1 * y
-                        s12 += x2 * y
-                        s13 += x3 * y
-                        y = pb[qq + 2, k]
-                        s20 += x0 * y
-                        s21 += x1 * y
-                        s22 += x2 * y
-                        s23 += x3 * y
-                        y = pb[qq + 3, k]
-                        s30 += x0 * y
-                        s31 += x1 * y
-                        s32 += x2 * y
-                        s33 += x3 * y
-                    acc[qq, mm] += s00
-                    acc[qq, mm + 1] += s01
-                    acc[qq, mm + 2] += s02
-                    acc[qq, mm + 3] += s03
-                    acc[qq + 1, mm] += s10
-                    acc[qq + 1, mm + 1] += s11
-                    acc[qq + 1, mm + 2] += s12
-                    acc[qq + 1, mm + 3] += s13
-                    acc[qq + 2, mm] += s20
-                    acc[qq + 2, mm + 1] += s21
-                    acc[qq + 2, mm + 2] += s22
-                    acc[qq + 2, mm + 3] += s23
-                    acc[qq + 3, mm] += s30
-                    acc[qq + 3, mm + 1] += s31
-                    acc[qq + 3, mm + 2] += s32
-                    acc[qq + 3, mm + 3] += s33
+                for mm in range(0, w, 4):  # rows past w and qn are padding: computed, never stored
+                    s = dot4x4(pa, mm * BLOCK_K, BLOCK_K, pb, qq * BLOCK_K, BLOCK_K, kl, BLOCK_K)
+                    for r in range(4):
+                        for c in range(4):
+                            acc[qq + c, mm + r] += s[4 * r + c]
         for qq in range(qn):
             for mm in range(w):
                 o[i3, i2, q0 + qq, m0 + mm] = acc[qq, mm]

@@ -115,10 +115,45 @@ def quantize_row(fmt, x, xq, xc, xd, xb, xo):
 # (Weight bytes are addressed as byte offsets from a's first element, so that a group of rows
 # is one offset and a stride, whatever a's strides.)
 ROWS = 4  # weight rows per pass over an activation row (each activation load serves all four)
-_CHUNKS = {(f, p, n): V.legacy_chunk(f, p, n) for f in ("Q4_0", "Q5_0", "Q8_0") for p in (4, 1) for n in (1, ROWS)}
-_Q4_0_8, _Q4_0_2, _Q4_0_8R, _Q4_0_2R = (_CHUNKS["Q4_0", p, n] for n in (1, ROWS) for p in (4, 1))
-_Q5_0_8, _Q5_0_2, _Q5_0_8R, _Q5_0_2R = (_CHUNKS["Q5_0", p, n] for n in (1, ROWS) for p in (4, 1))
-_Q8_0_8, _Q8_0_2, _Q8_0_8R, _Q8_0_2R = (_CHUNKS["Q8_0", p, n] for n in (1, ROWS) for p in (4, 1))
+COLS = 4  # activation rows per unpacking of a weight block (block_dot)
+
+
+def _legacy_walk(rows: int, cols: int):
+    """A function walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r * cols + c] (zeroed first) =
+    the products of the ``rows`` weight rows at bytes wo + r * ws of a (a 32-value format) with the ``cols``
+    activation rows at xo + c * nk: chunks of eight blocks, then of two (the vector code of _qvec), then
+    the odd last block in scalar code, each added in that order; the same float32 operations for every
+    (rows, cols)."""
+    chunks = [V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0") for p in (4, 1)]
+    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2 = chunks
+    n = rows * cols
+
+    @njit(**_OPTS)
+    def walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
+        bs = _block_bytes(fmt)
+        for i in range(n):
+            acc[i] = np.float32(0.0)
+        nb = nk // 32
+        ib = 0
+        while ib + 2 <= nb:
+            o = wo + ib * bs
+            xi = xo + 32 * ib
+            eight = ib + 8 <= nb
+            if fmt == Q8_0:
+                t = q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
+            elif fmt == Q4_0:
+                t = q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
+            else:
+                t = q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
+            for i in range(n):
+                acc[i] += t[i]
+            ib += 8 if eight else 2
+        if ib < nb:
+            o = wo + ib * bs
+            for r in range(rows):
+                for c in range(cols):
+                    acc[r * cols + c] += _legacy_tail(fmt, a, o + r * ws, xq, xd, xo + c * nk + 32 * ib)
+    return walk
 
 
 @njit(**_OPTS)
@@ -145,139 +180,154 @@ def _legacy_tail(fmt, a, o, xq, xd, xo):
     return V.half_at(a, o) * xd[xo // 32] * np.float32(s)
 
 
-@njit(**_OPTS)
-def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk):
-    """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo."""
-    bs = _block_bytes(fmt)
-    s = np.float32(0.0)
-    if fmt == Q4_K:
-        for ib in range(nk // 256):
-            s += V.q4_k_superblock(a, wo + ib * bs, xq, xb, xo + 256 * ib, xd[xo // 256 + ib])
-        return s
-    if fmt == Q6_K:
-        for ib in range(nk // 256):
-            sumi = V.q6_k_superblock(a, wo + ib * bs, xq, xc, xo + 256 * ib)
-            s += xd[xo // 256 + ib] * V.half_at(a, wo + ib * bs + 208) * np.float32(sumi)
-        return s
-    nb = nk // 32
-    ib = 0
-    while ib + 8 <= nb:
-        o = wo + ib * bs
-        xi = xo + 32 * ib
-        if fmt == Q8_0:
-            s += _Q8_0_8(a, o, 0, xq, xc, xd, xi)
-        elif fmt == Q4_0:
-            s += _Q4_0_8(a, o, 0, xq, xc, xd, xi)
-        else:
-            s += _Q5_0_8(a, o, 0, xq, xc, xd, xi)
-        ib += 8
-    while ib + 2 <= nb:
-        o = wo + ib * bs
-        xi = xo + 32 * ib
-        if fmt == Q8_0:
-            s += _Q8_0_2(a, o, 0, xq, xc, xd, xi)
-        elif fmt == Q4_0:
-            s += _Q4_0_2(a, o, 0, xq, xc, xd, xi)
-        else:
-            s += _Q5_0_2(a, o, 0, xq, xc, xd, xi)
-        ib += 2
-    if ib < nb:
-        s += _legacy_tail(fmt, a, wo + ib * bs, xq, xd, xo + 32 * ib)
-    return s
+_Q4_K, _Q4_KB = V.q4_k_superblocks(1), V.q4_k_superblocks(COLS)
+_Q6_K, _Q6_KB = V.q6_k_superblocks(1), V.q6_k_superblocks(COLS)
+_walk_1x1, _walk_rows, _walk_block = _legacy_walk(1, 1), _legacy_walk(ROWS, 1), _legacy_walk(ROWS, COLS)
 
 
+# Every product below, whichever function computes it (one weight row by one activation row, ROWS by
+# one, ROWS by COLS), is the same sequence of float32 operations: per chunk of blocks the vector code's
+# value (the same for any rows and cols, _qvec), added to the row's sum in block order; so a product
+# does not depend on the batch of activation rows it is computed in (tests/test_numba_batch_invariance.py).
 @njit(**_OPTS)
-def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk):
-    """row_dot of the ROWS weight rows at bytes wo + i * ws of a, as a tuple; the 32-value formats
-    share each activation load among the rows."""
-    if fmt == Q4_K or fmt == Q6_K:
-        return (row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk), row_dot(fmt, a, wo + ws, xq, xc, xd, xb, xo, nk),
-                row_dot(fmt, a, wo + 2 * ws, xq, xc, xd, xb, xo, nk),
-                row_dot(fmt, a, wo + 3 * ws, xq, xc, xd, xb, xo, nk))
+def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
+    """acc[0:cols] = the products of the K-quant weight row at byte w of a with the cols (1 or COLS)
+    activation rows at xo + c * nk, super-block by super-block, each weight super-block unpacked once."""
     bs = _block_bytes(fmt)
     s0 = s1 = s2 = s3 = np.float32(0.0)
-    nb = nk // 32
-    ib = 0
-    while ib + 8 <= nb:
-        o = wo + ib * bs
-        xi = xo + 32 * ib
-        if fmt == Q8_0:
-            t0, t1, t2, t3 = _Q8_0_8R(a, o, ws, xq, xc, xd, xi)
-        elif fmt == Q4_0:
-            t0, t1, t2, t3 = _Q4_0_8R(a, o, ws, xq, xc, xd, xi)
+    for ib in range(nk // 256):
+        o = w + ib * bs
+        xi = xo + 256 * ib
+        if cols == 1:
+            if fmt == Q4_K:
+                s0 += _Q4_K(a, o, xq, xb, xd, xi, nk)
+            else:
+                s0 += xd[xi // 256] * V.half_at(a, o + 208) * np.float32(_Q6_K(a, o, xq, xc, xi, nk))
+            continue
+        if fmt == Q4_K:
+            t0, t1, t2, t3 = _Q4_KB(a, o, xq, xb, xd, xi, nk)
         else:
-            t0, t1, t2, t3 = _Q5_0_8R(a, o, ws, xq, xc, xd, xi)
+            i0, i1, i2, i3 = _Q6_KB(a, o, xq, xc, xi, nk)
+            h = V.half_at(a, o + 208)
+            t0 = xd[xi // 256] * h * np.float32(i0)
+            t1 = xd[(xi + nk) // 256] * h * np.float32(i1)
+            t2 = xd[(xi + 2 * nk) // 256] * h * np.float32(i2)
+            t3 = xd[(xi + 3 * nk) // 256] * h * np.float32(i3)
         s0 += t0
         s1 += t1
         s2 += t2
         s3 += t3
-        ib += 8
-    while ib + 2 <= nb:
-        o = wo + ib * bs
-        xi = xo + 32 * ib
-        if fmt == Q8_0:
-            t0, t1, t2, t3 = _Q8_0_2R(a, o, ws, xq, xc, xd, xi)
-        elif fmt == Q4_0:
-            t0, t1, t2, t3 = _Q4_0_2R(a, o, ws, xq, xc, xd, xi)
-        else:
-            t0, t1, t2, t3 = _Q5_0_2R(a, o, ws, xq, xc, xd, xi)
-        s0 += t0
-        s1 += t1
-        s2 += t2
-        s3 += t3
-        ib += 2
-    if ib < nb:
-        o = wo + ib * bs
-        xi = xo + 32 * ib
-        s0 += _legacy_tail(fmt, a, o, xq, xd, xi)
-        s1 += _legacy_tail(fmt, a, o + ws, xq, xd, xi)
-        s2 += _legacy_tail(fmt, a, o + 2 * ws, xq, xd, xi)
-        s3 += _legacy_tail(fmt, a, o + 3 * ws, xq, xd, xi)
-    return s0, s1, s2, s3
+    acc[0] = s0
+    if cols > 1:
+        acc[1], acc[2], acc[3] = s1, s2, s3
 
 
+@njit(**_OPTS)
+def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
+    """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo
+    (acc: scratch of ROWS * COLS float32)."""
+    if fmt == Q4_K or fmt == Q6_K:
+        _k_quant_dots(fmt, a, wo, xq, xc, xd, xb, xo, nk, 1, acc)
+    else:
+        _walk_1x1(fmt, a, wo, 0, xq, xc, xd, xb, xo, nk, acc)
+    return acc[0]
+
+
+@njit(**_OPTS)
+def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
+    """acc[0:ROWS] = row_dot of the ROWS weight rows at bytes wo + i * ws of a; the 32-value formats share
+    each activation load among the rows."""
+    if fmt == Q4_K or fmt == Q6_K:
+        for r in range(ROWS - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
+            acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
+    else:
+        _walk_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+
+
+@njit(**_OPTS)
+def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
+    """The ROWS x COLS products of the weight rows at bytes wo + r * ws of a with the activation rows at
+    xo + c * nk, into acc[r * COLS + c]: each weight block is unpacked once for the COLS activation rows,
+    the arithmetic of each product that of row_dot."""
+    if fmt == Q4_K or fmt == Q6_K:
+        for r in range(ROWS - 1, -1, -1):  # the last row first: acc[r * COLS:] is written after acc[0:4] is read
+            _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, COLS, acc)
+            for c in range(COLS):
+                acc[r * COLS + c] = acc[c]
+    else:
+        _walk_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+
+
+# The portable vector code is never taken (kernels_quant.int_path), only compiled by the tests to check its
+# bits; without block_dot (a constant numba prunes) that compilation takes minutes less.
+MULTI_ROW = V.INT_PATH
 ROWS_PER_TASK = 128
+Q_BLOCK = 64  # activation rows served per pass over a task's weight rows (with them, in L2)
 PREFETCH = 4096  # bytes: weights are prefetched this far ahead of the rows being read
 
 
 @njit(**_OPTS)
-def _task(fmt, a, b, o, k3, k2, m, m_end, xq, xc, xd, xb, finite):
-    """Weight rows m..m_end of matrix a[k3, k2] against every b row broadcast onto it, ROWS rows
-    at a time (a function of its own: the serial and the thread-pool compilations of the kernel
-    then run the same code)."""
+def _float_rows(fmt, a, k3, k2, m, g, y, orow):
+    """orow[m:m+g]: the float path's products of weight rows m.. with y, for an activation row holding a
+    NaN or an infinity (not quantized: non-finite values propagate as in the float product)."""
+    nk = y.shape[0]
+    tmp = np.empty(nk, np.float32)
+    for i in range(g):
+        decode_row(fmt, a[k3, k2, m + i], tmp)
+        s = np.float32(0.0)
+        for k in range(nk):
+            s += tmp[k] * y[k]
+        orow[m + i] = s
+
+
+@njit(**_OPTS)
+def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
+    """Weight rows m0..m_end of matrix a[k3, k2] against every b row broadcast onto it: ROWS weight
+    rows by COLS activation rows at a time where both are whole (block_dot), else ROWS or one weight
+    row by one activation row, every product with the same arithmetic (a function of its own: the
+    serial and the thread-pool compilations of the kernel then run the same code)."""
     n2, nn = o.shape[1], o.shape[2]
     nk = b.shape[3]
     r3 = o.shape[0] // a.shape[0]
     r2 = n2 // a.shape[1]
     ws = a.strides[2]
-    while m < m_end:
-        g = ROWS if m + ROWS <= m_end else 1
-        wo = k3 * a.strides[0] + k2 * a.strides[1] + m * ws
-        for p in range(wo + PREFETCH, wo + PREFETCH + g * ws, 64):
-            V.prefetch(a, p)
-        for i3 in range(k3 * r3, (k3 + 1) * r3):
-            for i2 in range(k2 * r2, (k2 + 1) * r2):
-                for q in range(nn):
-                    t = (i3 * n2 + i2) * nn + q
-                    orow = o[i3, i2, q]
-                    if not finite[t]:  # NaN or inf in the activations: the float path's product
-                        y = b[i3, i2, q]
-                        tmp = np.empty(nk, np.float32)
-                        for i in range(g):
-                            decode_row(fmt, a[k3, k2, m + i], tmp)
-                            s = np.float32(0.0)
-                            for k in range(nk):
-                                s += tmp[k] * y[k]
-                            orow[m + i] = s
-                    elif g == ROWS:
-                        s0, s1, s2, s3 = rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk)
-                        orow[m] = s0
-                        orow[m + 1] = s1
-                        orow[m + 2] = s2
-                        orow[m + 3] = s3
-                    else:
-                        orow[m] = row_dot(fmt, a, wo, xq, xc, xd, xb, t * nk, nk)
-        m += g
+    acc = np.empty(ROWS * COLS, np.float32)
+    for i3 in range(k3 * r3, (k3 + 1) * r3):
+        for i2 in range(k2 * r2, (k2 + 1) * r2):
+            out = o[i3, i2]
+            base = (i3 * n2 + i2) * nn
+            for q0 in range(0, nn, Q_BLOCK):
+                q1 = min(nn, q0 + Q_BLOCK)
+                m = m0
+                while m < m_end:
+                    g = ROWS if m + ROWS <= m_end else 1
+                    wo = k3 * a.strides[0] + k2 * a.strides[1] + m * ws
+                    if q0 == 0:
+                        for p in range(wo + PREFETCH, wo + PREFETCH + g * ws, 64):
+                            V.prefetch(a, p)
+                    q = q0
+                    while q < q1:
+                        t = base + q
+                        if MULTI_ROW:
+                            if (g == ROWS and q + COLS <= q1 and finite[t] and finite[t + 1] and finite[t + 2]
+                                    and finite[t + 3]):
+                                block_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
+                                for r in range(ROWS):
+                                    for c in range(COLS):
+                                        out[q + c, m + r] = acc[r * COLS + c]
+                                q += COLS
+                                continue
+                        orow = out[q]
+                        if not finite[t]:
+                            _float_rows(fmt, a, k3, k2, m, g, b[i3, i2, q], orow)
+                        elif g == ROWS:
+                            rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
+                            for r in range(ROWS):
+                                orow[m + r] = acc[r]
+                        else:
+                            orow[m] = row_dot(fmt, a, wo, xq, xc, xd, xb, t * nk, nk, acc)
+                        q += 1
+                    m += g
 
 
 def _kernel(mode: str):

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._fdot import dot1
 from ._jit import row_index
-from ._jit_fast import dot_row, dot_rows8
+from ._jit_fast import add_row_dots, contiguous_row
 
 _OPTS = dict(cache=True, fastmath=False, error_model="numpy", nogil=True)
-_DOT_OPTS = dict(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
 
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 2, 3, 6, 7, 8, 9
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
@@ -296,7 +296,7 @@ GROUP = 8  # weight rows decoded together; each load of an activation row serves
 GROUPS_PER_TASK = 4
 
 
-@njit(parallel=True, **_DOT_OPTS)
+@njit(parallel=True, **_OPTS)
 def q_mul_mat(fmt, a, b, o):
     """o[i3, i2, n, m] = sum_k value(a[i3 // r3, i2 // r2, m])[k] * b[i3, i2, n, k], float32 sums.
 
@@ -313,6 +313,8 @@ def q_mul_mat(fmt, a, b, o):
     for task in prange(a3 * a2 * tm):
         k3, k2, jm = row_index(task, tm, a2)
         tile = np.empty((GROUP, nk), np.float32)
+        ybuf = np.empty(nk, np.float32)
+        acc = np.empty(GROUP, np.float32)
         m_end = min(nm, (jm + 1) * rows)
         for m0 in range(jm * rows, m_end, GROUP):
             g = min(GROUP, m_end - m0)
@@ -321,16 +323,15 @@ def q_mul_mat(fmt, a, b, o):
             for i3 in range(k3 * r3, (k3 + 1) * r3):
                 for i2 in range(k2 * r2, (k2 + 1) * r2):
                     for q in range(nn):
-                        y = b[i3, i2, q]
+                        y = contiguous_row(b[i3, i2, q], ybuf)
                         orow = o[i3, i2, q]
-                        if g == GROUP:
-                            dot_rows8(tile, 0, y, y, orow, m0)
-                        else:
-                            for gi in range(g):
-                                orow[m0 + gi] = dot_row(tile[gi], y, y)
+                        acc[:] = 0.0  # one pass over k (no blocks: the lanes summed once per product)
+                        add_row_dots(tile, 0, nk, g, y, 0, nk, nk, acc)
+                        for gi in range(g):
+                            orow[m0 + gi] = acc[gi]
 
 
-@njit(parallel=True, **_DOT_OPTS)
+@njit(parallel=True, **_OPTS)
 def q_mul_mat_id(fmt, w, b, ids, o):
     """o[0, t, e, m] = sum_k value(w[0, ids[0, 0, t, e], m])[k] * b[0, t, e % n_b, k], float32 sums;
     one task per (token, slot), the expert's rows decoded one at a time."""
@@ -341,11 +342,11 @@ def q_mul_mat_id(fmt, w, b, ids, o):
         e = r % nu
         t = r // nu
         ex = ids[0, 0, t, e]
-        y = b[0, t, e % nbb]
+        y = contiguous_row(b[0, t, e % nbb], np.empty(nk, np.float32))
         x = np.empty(nk, np.float32)
         for m in range(nm):
             decode_row(fmt, w[0, ex, m], x)
-            o[0, t, e, m] = dot_row(x, y, y)
+            o[0, t, e, m] = np.float32(0.0) + dot1(x, 0, 0, y, 0, 0, nk, nk)  # as q_mul_mat's products
 
 
 KERNELS = {f.py_func.__name__: f for f in (q_dequant, q_get_rows, q_mul_mat, q_mul_mat_id)}

@@ -173,43 +173,49 @@ def _block_u8(fmt: str, context, b, wty, w, o):
     return u
 
 
-def legacy_chunk(fmt: str, pairs: int, rows: int):
-    """An intrinsic f(w, wo, ws, xq, xc, xd, xo) -> ``rows`` float32 (a tuple when rows > 1): the
-    dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8), 2 * pairs blocks
-    of format fmt each, with the int8 activations xq[xo:] (whole blocks; per block the fp16-rounded
-    scale in xd[xo // 32], per four values the offset term in xc[xo // 4]), each activation load
-    serving every row. Per block, d_w * d_x times the exact integer sum; summed in float32 lanes."""
+def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
+    """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> a tuple of ``rows * cols`` float32 (entry
+    r * cols + c): the dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8),
+    2 * pairs blocks of format fmt each, with ``cols`` int8 activation rows xq[xo + c * xs:]
+    (whole blocks; per block the fp16-rounded scale in xd[. // 32], per four values the offset term
+    in xc[. // 4]). Each weight block is unpacked once for every activation row and each activation
+    load serves every weight row; per (row, column) the arithmetic is that of rows = cols = 1 (d_w * d_x
+    times the exact integer sum, fused into float32 lanes in block order, one horizontal sum), so a
+    product does not depend on which other rows share the call."""
     bs = LEGACY_LAYOUT[fmt][0]
 
     @intrinsic
-    def chunk(typingctx, w, wo, ws, xq, xc, xd, xo):
-        ret = types.float32 if rows == 1 else types.UniTuple(types.float32, rows)
-        sig = ret(w, types.int64, types.int64, xq, xc, xd, types.int64)
+    def chunk(typingctx, w, wo, ws, xq, xc, xd, xo, xs):
+        n = rows * cols
+        sig = types.UniTuple(types.float32, n)(w, types.int64, types.int64, xq, xc, xd, types.int64, types.int64)
 
         def codegen(context, b, signature, args):
-            wty, _, _, qty, cty, dty, _ = signature.args
-            w_, wo_, ws_, xq_, xc_, xd_, xo_ = args
-            acc = [ir.Constant(vec(F32, 16), [0.0] * 16)] * rows
+            wty, _, _, qty, cty, dty, _, _ = signature.args
+            w_, wo_, ws_, xq_, xc_, xd_, xo_, xs_ = args
+            acc = [ir.Constant(vec(F32, 16), [0.0] * 16)] * n
             for p in range(pairs):
-                xi = b.add(xo_, ir.Constant(I64, 64 * p))
-                s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                c = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                dx = _load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 5)), vec(F32, 2))
+                s, c, dx = [], [], []
+                for j in range(cols):
+                    xi = b.add(b.add(xo_, b.mul(xs_, ir.Constant(I64, j))), ir.Constant(I64, 64 * p))
+                    s.append(_load(context, b, qty, xq_, xi, vec(I8, 64)))
+                    c.append(_load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16)))
+                    dx.append(_load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 5)), vec(F32, 2)))
                 for r in range(rows):
                     o0 = b.add(b.add(wo_, b.mul(ws_, ir.Constant(I64, r))), ir.Constant(I64, 2 * p * bs))
                     o1 = b.add(o0, ir.Constant(I64, bs))
-                    u = _concat(b, _block_u8(fmt, context, b, wty, w_, o0), _block_u8(fmt, context, b, wty, w_, o1))
-                    su = s
-                    if fmt == "Q8_0" and Q8_0_BIAS == 0:  # u holds the signed weights
-                        u, su = _sign_trick(b, u, s)
-                    lanes = b.sitofp(_dpbusd(b, c, u, su), vec(F32, 16))
+                    u0 = _concat(b, _block_u8(fmt, context, b, wty, w_, o0), _block_u8(fmt, context, b, wty, w_, o1))
                     dw = ir.Constant(vec(F32, 2), [0.0, 0.0])
                     for i, oi in enumerate((o0, o1)):
                         dw = b.insert_element(dw, _f16(context, b, wty, w_, oi), ir.Constant(I32, i))
-                    d = b.fmul(dw, dx)
-                    acc[r] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r])
+                    for j in range(cols):
+                        u, su = u0, s[j]
+                        if fmt == "Q8_0" and Q8_0_BIAS == 0:  # u holds the signed weights
+                            u, su = _sign_trick(b, u0, s[j])
+                        lanes = b.sitofp(_dpbusd(b, c[j], u, su), vec(F32, 16))
+                        d = b.fmul(dw, dx[j])
+                        acc[r * cols + j] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r * cols + j])
             sums = [_hsum(b, a) for a in acc]
-            return sums[0] if rows == 1 else context.make_tuple(b, signature.return_type, sums)
+            return context.make_tuple(b, signature.return_type, sums)
         return sig, codegen
     return chunk
 
@@ -229,59 +235,83 @@ def _k4_scales_mins(b: ir.IRBuilder, s):
     return sc, mn
 
 
-@intrinsic
-def q4_k_superblock(typingctx, w, wo, xq, xb, xo, dx):
-    """The dot product (float32) of the Q4_K super-block at byte wo of w with the Q8_K activations
-    xq[xo:xo+256] of scale dx (xb[xo // 32:]: their sums per 32): dx * d * sum_j scale_j * (the
-    integer sum of sub-block j) - dx * dmin * sum_j min_j * xb_j."""
-    sig = types.float32(w, types.int64, xq, xb, types.int64, types.float32)
+def q4_k_superblocks(cols: int):
+    """An intrinsic f(w, wo, xq, xb, xd, xo, xs) -> ``cols`` float32 (a tuple when cols > 1): the dot
+    products of the Q4_K super-block at byte wo of w with the Q8_K activations xq[xo + c * xs:][:256]
+    (scale xd[. // 256], sums per 32 values xb[. // 32:]): dx * d * sum_j scale_j * (the integer sum of
+    sub-block j) - dx * dmin * sum_j min_j * xb_j. The weight nibbles and scales are unpacked once for
+    every column; per column the arithmetic is that of cols = 1."""
+    @intrinsic
+    def superblock(typingctx, w, wo, xq, xb, xd, xo, xs):
+        ret = types.float32 if cols == 1 else types.UniTuple(types.float32, cols)
+        sig = ret(w, types.int64, xq, xb, xd, types.int64, types.int64)
 
-    def codegen(context, b, signature, args):
-        wty, _, qty, bty, _, _ = signature.args
-        w_, wo_, xq_, xb_, xo_, dx_ = args
-        sc, mn = _k4_scales_mins(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 4)), vec(I8, 16)))
-        sc = b.zext(sc, vec(I32, 8))
-        acc = ir.Constant(vec(I32, 16), [0] * 16)
-        for j in range(4):  # 32 bytes: low nibbles sub-block 2j, high nibbles sub-block 2j + 1
-            lo, hi = _nibbles(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 16 + 32 * j)), vec(I8, 32)))
-            s = _load(context, b, qty, xq_, b.add(xo_, ir.Constant(I64, 64 * j)), vec(I8, 64))
-            lanes = _dpbusd(b, ir.Constant(vec(I32, 16), [0] * 16), _concat(b, lo, hi), s)
-            acc = b.add(acc, b.mul(lanes, _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)))
-        sums = _load(context, b, bty, xb_, b.lshr(xo_, ir.Constant(I64, 5)), vec(I32, 8))
-        mins = _hsum(b, b.mul(b.zext(mn, vec(I32, 8)), sums))
-        d = b.fmul(dx_, _f16(context, b, wty, w_, wo_))
-        dmin = b.fmul(dx_, _f16(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 2))))
-        return b.fsub(b.fmul(d, b.sitofp(_hsum(b, acc), F32)), b.fmul(dmin, b.sitofp(mins, F32)))
-    return sig, codegen
+        def codegen(context, b, signature, args):
+            wty, _, qty, bty, dty, _, _ = signature.args
+            w_, wo_, xq_, xb_, xd_, xo_, xs_ = args
+            sc, mn = _k4_scales_mins(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 4)), vec(I8, 16)))
+            sc = b.zext(sc, vec(I32, 8))
+            mn = b.zext(mn, vec(I32, 8))
+            xi = [b.add(xo_, b.mul(xs_, ir.Constant(I64, c))) for c in range(cols)]
+            acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
+            for j in range(4):  # 32 bytes: low nibbles sub-block 2j, high nibbles sub-block 2j + 1
+                lo, hi = _nibbles(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 16 + 32 * j)), vec(I8, 32)))
+                u = _concat(b, lo, hi)
+                scj = _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)
+                for c in range(cols):
+                    s = _load(context, b, qty, xq_, b.add(xi[c], ir.Constant(I64, 64 * j)), vec(I8, 64))
+                    lanes = _dpbusd(b, ir.Constant(vec(I32, 16), [0] * 16), u, s)
+                    acc[c] = b.add(acc[c], b.mul(lanes, scj))
+            dw = _f16(context, b, wty, w_, wo_)
+            dmw = _f16(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 2)))
+            out = []
+            for c in range(cols):
+                sums = _load(context, b, bty, xb_, b.lshr(xi[c], ir.Constant(I64, 5)), vec(I32, 8))
+                mins = _hsum(b, b.mul(mn, sums))
+                dx = b.load(_ptr(context, b, dty, xd_, b.lshr(xi[c], ir.Constant(I64, 8)), F32), align=4)
+                d, dmin = b.fmul(dx, dw), b.fmul(dx, dmw)
+                out.append(b.fsub(b.fmul(d, b.sitofp(_hsum(b, acc[c]), F32)), b.fmul(dmin, b.sitofp(mins, F32))))
+            return out[0] if cols == 1 else context.make_tuple(b, signature.return_type, out)
+        return sig, codegen
+    return superblock
 
 
-@intrinsic
-def q6_k_superblock(typingctx, w, wo, xq, xc, xo):
-    """sum_i scale_(i // 16) * (q_i - 32) * x_i (int32) for the Q6_K super-block at byte wo of w and
-    the activations xq[xo:xo+256] (xc[xo // 4:]: -32 times each four activations' sum)."""
-    sig = types.int32(w, types.int64, xq, xc, types.int64)
+def q6_k_superblocks(cols: int):
+    """An intrinsic f(w, wo, xq, xc, xo, xs) -> ``cols`` int32 (a tuple when cols > 1):
+    sum_i scale_(i // 16) * (q_i - 32) * x_i for the Q6_K super-block at byte wo of w and the
+    activations xq[xo + c * xs:][:256] (xc[. // 4:]: -32 times each four activations' sum), the
+    6-bit values and scales unpacked once for every column (integer sums: exact in any order)."""
+    @intrinsic
+    def superblock(typingctx, w, wo, xq, xc, xo, xs):
+        ret = types.int32 if cols == 1 else types.UniTuple(types.int32, cols)
+        sig = ret(w, types.int64, xq, xc, types.int64, types.int64)
 
-    def codegen(context, b, signature, args):
-        wty, _, qty, cty, _ = signature.args
-        w_, wo_, xq_, xc_, xo_ = args
-        sc = b.sext(_load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 192)), vec(I8, 16)), vec(I32, 16))
-        acc = ir.Constant(vec(I32, 16), [0] * 16)
-        three = _const(I8, 64, 3)
-        for h in range(2):  # 128 values: ql[64h:64h+64], qh[32h:32h+32]
-            ql = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 64 * h)), vec(I8, 64))
-            qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 128 + 32 * h)), vec(I8, 32))
-            sh = [b.lshr(qh, _const(I8, 32, k)) for k in (0, 2, 4, 6)]
-            lo, hi = _nibbles(b, ql)
-            for g, nib in enumerate((lo, hi)):  # values 128h + 64g + [0, 64): two bit pairs of qh
-                high = b.shl(b.and_(_concat(b, sh[2 * g], sh[2 * g + 1]), three), _const(I8, 64, 4))
-                xi = b.add(xo_, ir.Constant(I64, 128 * h + 64 * g))
-                s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                c = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                lanes = _dpbusd(b, c, b.or_(nib, high), s)
-                first = 8 * h + 4 * g  # 16 values (four lanes) per scale
-                acc = b.add(acc, b.mul(lanes, _shuffle(b, sc, sc, [first + i // 4 for i in range(16)])))
-        return _hsum(b, acc)
-    return sig, codegen
+        def codegen(context, b, signature, args):
+            wty, _, qty, cty, _, _ = signature.args
+            w_, wo_, xq_, xc_, xo_, xs_ = args
+            sc = b.sext(_load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 192)), vec(I8, 16)), vec(I32, 16))
+            xi0 = [b.add(xo_, b.mul(xs_, ir.Constant(I64, c))) for c in range(cols)]
+            acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
+            three = _const(I8, 64, 3)
+            for h in range(2):  # 128 values: ql[64h:64h+64], qh[32h:32h+32]
+                ql = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 64 * h)), vec(I8, 64))
+                qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 128 + 32 * h)), vec(I8, 32))
+                sh = [b.lshr(qh, _const(I8, 32, k)) for k in (0, 2, 4, 6)]
+                lo, hi = _nibbles(b, ql)
+                for g, nib in enumerate((lo, hi)):  # values 128h + 64g + [0, 64): two bit pairs of qh
+                    high = b.shl(b.and_(_concat(b, sh[2 * g], sh[2 * g + 1]), three), _const(I8, 64, 4))
+                    u = b.or_(nib, high)
+                    first = 8 * h + 4 * g  # 16 values (four lanes) per scale
+                    scg = _shuffle(b, sc, sc, [first + i // 4 for i in range(16)])
+                    for c in range(cols):
+                        xi = b.add(xi0[c], ir.Constant(I64, 128 * h + 64 * g))
+                        s = _load(context, b, qty, xq_, xi, vec(I8, 64))
+                        cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                        acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scg))
+            out = [_hsum(b, a) for a in acc]
+            return out[0] if cols == 1 else context.make_tuple(b, signature.return_type, out)
+        return sig, codegen
+    return superblock
 
 
 @intrinsic

@@ -32,11 +32,10 @@ from .kernels import _MODE, COPYABLE, FLOATS, INDICES, ONLY_F32, _jit, _run, arr
 
 #: ggml type ids with a compiled decoder (mirrors _jit_quant.DECODED, which needs numba to import)
 DECODED = frozenset({2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 20, 23, 34, 35, 39})
-#: ggml type ids with the integer matrix-vector path (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; mirrors
-#: _jit_qdot.INT_FORMATS), each with the activation row count per weight matrix from which the
-#: float path is faster (it decodes each block once for all rows; measured on an AVX-512 VNNI
-#: machine, README.md "Block types")
-INT_PATH_ROWS = {2: 32, 8: 32, 14: 32, 6: 24, 12: 24}
+#: ggml type ids with the integer path (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; mirrors _jit_qdot.INT_FORMATS), taken
+#: at every activation row count: the path is chosen by the weight's format alone, as ggml's CPU backend
+#: does, so that a row's product never depends on how many rows share its MUL_MAT (README.md, "Block types")
+INT_FORMATS = frozenset({2, 6, 8, 12, 14})
 BLOCK_TYPES = QUANTIZED
 
 
@@ -90,12 +89,11 @@ def _mul_mat(n: Tensor) -> None:
 
 
 def int_path(n: Tensor) -> bool:
-    """Whether MUL_MAT node n takes the integer path: a format that has one, fewer activation rows
-    per weight matrix than its INT_PATH_ROWS, and a CPU with AVX-512 VNNI, AVX-VNNI or AVX2 (isa.py;
-    the portable vector code of other CPUs measured 2-10x slower than the float path)."""
-    a = n.src[0]
-    served = n.ne[1] * (n.ne[2] // a.ne[2]) * (n.ne[3] // a.ne[3])
-    if served >= INT_PATH_ROWS.get(int(a.type), 0):
+    """Whether MUL_MAT node n takes the integer path: a format that has one, on a CPU with AVX-512 VNNI,
+    AVX-VNNI or AVX2 (isa.py; the portable vector code of other CPUs measured 2-10x slower than the
+    float path). Not the number of activation rows: a decode row batched with a prompt chunk then gets
+    the bits it gets alone."""
+    if int(n.src[0].type) not in INT_FORMATS:
         return False
     from . import _qvec  # numba is imported by now: the kernels are
     return _qvec.INT_PATH

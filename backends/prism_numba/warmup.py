@@ -65,10 +65,10 @@ def _block(rng: np.random.Generator) -> pc.Graph:
 
 
 def _quantized(rng: np.random.Generator) -> pc.Graph:
-    """A quantized model's hot nodes: GET_ROWS from Q8_0 embeddings, MUL_MAT of a Q4_K weight (one
-    and five activation rows: decode and a short prompt, the integer path; 32: a longer
-    prompt, the float path) and of a Q6_K one. The block format is an argument of the compiled
-    kernels, so these compilations serve every format."""
+    """A quantized model's hot nodes: GET_ROWS from Q8_0 embeddings, MUL_MAT of a Q4_K weight (32 and
+    five activation rows: a prompt and a short one) and of a Q6_K one (one row: decode), all on the
+    integer path, which these formats take at every row count. The block format is an argument of the
+    compiled kernels, so these compilations serve every format."""
     ctx = pc.Context()
     d, vocab = 256, 32
     emb = ctx.from_numpy(rng.standard_normal((vocab, d)).astype(np.float32), type=pc.GGMLType.Q8_0)
