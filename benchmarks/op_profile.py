@@ -1,12 +1,14 @@
 """Where a csimd path spends Gemma 3 270M Q4_K_M's time, op by op: ``python -m benchmarks.op_profile``.
 
-For each csimd path named by ``--isa`` (default: every vector path this CPU runs, widest first; `scalar` on request), a fresh
-interpreter with ``PRISM_CSIMD_ISA`` set loads the model and plans the graphs of prompt 128, prompt 512,
-decode after 6 and decode after 512 (as the model section measures them), then calls each planned node on
-its own, ``--repeats`` times, keeping each node's best time. Nodes are grouped by op (MUL_MAT and
-MUL_MAT_ID also by the weight's type); the table puts the paths side by side, milliseconds per graph, with
-the ratio of each path to the first. The node times add up to a little more than a whole compute (each
-call is timed from Python and its OpenMP team wakes on its own), so read the shares, not the sum.
+For each csimd path named by ``--isa`` (default: every vector path this CPU runs, widest first; ``scalar``
+on request), a fresh interpreter with ``PRISM_CSIMD_ISA`` set loads the model and plans the graphs of
+prompt 128, prompt 512, decode after 6 and decode after 512 (as the model section measures them), then
+calls each planned node on its own, ``--repeats`` times (the inputs eval wrote restored before each
+round), keeping each node's best time. Nodes are grouped by op (MUL_MAT and MUL_MAT_ID also by the
+weight's type); the table puts the paths side by side, milliseconds per graph, with the ratio of each
+path to the first. ``--cpu`` times one thread by its CPU time instead of the wall clock: on a machine
+other processes share, their time slices then do not count. The node times add up to a little more
+than a whole compute (each call is timed from Python and wakes its OpenMP team on its own).
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def run(isas: list[str], repeats: int, threads: int, cpu: bool = False) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.op_profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--isa", metavar="PATHS", help="comma-separated csimd paths (default: every vector path this CPU runs)")
+    ap.add_argument("--isa", metavar="PATHS",
+                    help="comma-separated csimd paths (default: every vector path this CPU runs)")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls of each node (default 5)")
     ap.add_argument("--threads", type=int, default=THREADS, help=f"threads (default {THREADS})")
     ap.add_argument("--cpu", action="store_true",
