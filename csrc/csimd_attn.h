@@ -167,11 +167,12 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
     {
         if (pre) {
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < (NHK + NHV) * B * NKV; r++) {
-                const int64_t j = r % NKV, hb = r / NKV, isv = hb >= NHK * B, h = (isv ? hb - NHK * B : hb) % (isv ? NHV : NHK);
-                const int64_t bb = (isv ? hb - NHK * B : hb) / (isv ? NHV : NHK), n = isv ? Dv : D, np = isv ? dvp : dp;
+            for (int64_t r = 0; r < (NHK + NHV) * B * NKV; r++) { /* K's rows (head-major per batch), then V's */
+                const int64_t j = r % NKV, isv = r / NKV >= NHK * B, hb = r / NKV - (isv ? NHK * B : 0);
+                const int64_t nh = isv ? NHV : NHK, h = hb % nh, bb = hb / nh, n = isv ? Dv : D;
+                const int64_t np = isv ? dvp : dp;
                 const csimd_tensor *t = isv ? v : k;
-                float *o = (isv ? Vall + ((bb * NHV + h) * NKV + j) * dvp : Kall + ((bb * NHK + h) * NKV + j) * dp);
+                float *o = (isv ? Vall : Kall) + (hb * NKV + j) * np; /* hb = bb * nh + h */
                 FN(row_to_f32)(o, ELT(t, 0, j, h, bb), t->type, t->nb[0], n);
                 for (int64_t e = n; e < np; e++) o[e] = 0.0f;
             }

@@ -1357,7 +1357,8 @@ ATTR static int64_t FN(geglu_f32)(float *d, const float *x, const float *g, int6
     for (; i + 16 <= n; i += 16) {
         const __m512 xv = _mm512_loadu_ps(x + i);
         const __m512i ix = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(xv, _MM_FROUND_TO_NEAREST_INT));
-        const __m512 t = _mm512_mask_mov_ps(_mm512_i32gather_ps(ix, tab, 4), _mm512_cmp_ps_mask(xv, hi, _CMP_GE_OQ), xv);
+        const __mmask16 big = _mm512_cmp_ps_mask(xv, hi, _CMP_GE_OQ);
+        const __m512 t = _mm512_mask_mov_ps(_mm512_i32gather_ps(ix, tab, 4), big, xv);
         const __m512 r = _mm512_mul_ps(t, _mm512_loadu_ps(g + i));
         _mm512_storeu_ps(d + i, _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(xv, lo, _CMP_LE_OQ), r));
     }
