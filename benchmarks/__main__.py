@@ -22,7 +22,7 @@ from . import gguf_open, quantize_file
 from . import model as model_section
 from . import quant as quant_section
 from . import serve as serve_section
-from .machine import copy_bandwidth_gbs, fp32_peak_gflops, read_bandwidth_gbs
+from .machine import copy_bandwidth_gbs, fp32_peak_gflops, path_peak_gflops, read_bandwidth_gbs
 from .quantized import quantized
 
 try:
@@ -172,9 +172,17 @@ class Bench:
             rows.append((f"{n}x{k}x{m}", vals))
             cpu_rows.append((f"{n}x{k}x{m}", cpu_vals))
         self.record("machine", "FP32 peak GFLOPS", peak)
+        limits = {}  # a backend on a narrower path than the CPU's widest (PRISM_CSIMD_ISA): that path's peak
+        for be in self.backends:
+            lim = path_peak_gflops(str(be.version))
+            if lim is not None and lim[0] not in how:
+                limits["prism:" + be.name] = lim
+                self.record("machine", f"FP32 peak GFLOPS ({lim[0]})", lim[1])
+        paths = "".join(f"; {k} runs {name} kernels, whose peak is {g:.0f} GFLOPS" for k, (name, g) in limits.items())
         self.table("F32 mul_mat", rows, "GFLOPS", "numpy-direct",
-                   extra=f"  FP32 peak {peak:.0f} GFLOPS ({how}); fractions of it at {rows[0][0]}: "
-                   + ", ".join(f"{k} {v / peak:.0%}" for k, v in rows[0][1].items()))
+                   extra=f"  FP32 peak {peak:.0f} GFLOPS ({how}){paths}; fractions of each column's peak at "
+                   f"{rows[0][0]}: " + ", ".join(f"{k} {v / limits.get(k, ('', peak))[1]:.0%}"
+                                                 for k, v in rows[0][1].items()))
         self.table("F32 mul_mat per CPU-second of the process", cpu_rows, "GFLOPS per core-second", "numpy-direct",
                    extra="  flops over the process's CPU time (every thread, spinning ones included): on a machine "
                    "shared with other processes the wall-clock table above measures their time slices too")

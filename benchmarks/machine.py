@@ -230,6 +230,22 @@ def fp32_peak_gflops() -> tuple[float, str]:
     return g, "lower bound: OpenBLAS's best SGEMM 2048^3 via NumPy (no C compiler for the FMA kernel)"
 
 
+# the vector width each csimd path computes with (its version ends in +PATH): the key of _ISA_NAMES
+_CSIMD_PATH_ISA = {"avx512": 2, "avxvnni": 1, "avx2": 1, "scalar": 0, "neon": 0, "dotprod": 0, "i8mm": 0}
+
+
+def path_peak_gflops(version: str) -> tuple[str, float] | None:
+    """(ISA name, FP32 GFLOPS on every core) of the kernels a backend whose version names its path
+    (csimd's ``0.1.0+avx2``) computes with: the limit beside that backend's ratios when it runs a
+    narrower path than the CPU's widest (``PRISM_CSIMD_ISA=avx2`` on an AVX-512 machine). None for
+    a version naming no such path."""
+    isa = _CSIMD_PATH_ISA.get(version.rpartition("+")[2])
+    if isa is None or (_ARM64 and isa != 0):
+        return None
+    g = fma_peak_gflops(isa)
+    return (_ISA_NAMES[isa], g) if g == g else None
+
+
 def copy_bandwidth_gbs(nbytes: int = 64 << 20, repeats: int = 5) -> float:
     """GB/s of np.copyto between two large buffers (bytes read + written), one thread."""
     src = np.ones(nbytes // 4, np.float32)

@@ -80,7 +80,7 @@ def decode(n_prompt):
     return 1 / best(once)
 for name, fn, n in (("decode after 6", decode, 6), ("prompt 128", prompt, 128), ("prompt 512", prompt, 512),
                     ("decode after 512", decode, 512)):
-    if only and name != only:
+    if only and name not in only.split(","):
         continue
     if time.perf_counter() - start > budget:
         emit(skipped=name)
@@ -130,8 +130,8 @@ def _omp_setting() -> str:
 
 def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, only: str = "",
            threads: int = THREADS) -> dict:
-    """Run one engine's measurements (``only``: that one, without the peak); returns {"load_s", "peak_rss",
-    name: tok/s, "skipped": [...]}."""
+    """Run one engine's measurements (``only``: those named, comma-separated, without the peak); returns
+    {"load_s", "peak_rss", name: tok/s, "skipped": [...]}."""
     cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(threads), str(repeats), str(n_decode),
            str(budget), only]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(threads))

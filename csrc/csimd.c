@@ -548,6 +548,8 @@ int csimd_set_rows(const csimd_tensor *b, const csimd_tensor *c, const csimd_ten
             const int64_t r = load_index(ELT(c, i, j % c->ne[1], k % c->ne[2], 0), c->type);
             if (b->type == d->type && b->nb[0] == type_size(b->type) && d->nb[0] == type_size(d->type)) {
                 memmove(ELT(d, 0, r, j, k), ELT(b, 0, i, j, k), (size_t)n0 * type_size(d->type));
+            } else if (b->type == CSIMD_F32 && b->nb[0] == 4) { /* a KV cache's F16 rows: F16C (AVX paths) */
+                CALL(row_from_f32, ELT(d, 0, r, j, k), d->type, d->nb[0], (const float *)ELT(b, 0, i, j, k), n0)
             } else {
                 for (int64_t e = 0; e < n0; e++) store_f32(ELT(d, e, r, j, k), d->type, load_f32(ELT(b, e, i, j, k), b->type));
             }

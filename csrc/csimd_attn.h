@@ -23,6 +23,7 @@
 #define XA_FEW_BLOCKS 8   /* below this many blocks of rows, the keys are split too */
 #define XA_SEG_KEYS 128
 #define XA_MAX_SEGS 16
+#define XA_PRE_BYTES ((size_t)64 << 20) /* the most K/V converted ahead of the blocks */
 
 ATTR static inline VF FN(xa_max)(VF a, VF b) {
     const VI gt = a > b;
@@ -147,10 +148,35 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
     const int64_t part_f = 2 * VL + na_f; /* per (block, segment): its maxima, sums and accumulators */
     float *part = NULL;
     if (nseg > 1 && !(part = (float *)csimd_alloc((size_t)(items * nseg * part_f) * 4))) return -2;
+    /* several blocks of rows per K/V head (a prompt): every K and V row converted to F32 once, before the
+       blocks, instead of once per block and chunk (on AVX2, with 8 rows a block, the per-block conversion
+       took about a quarter of the time); F32 rows, one block per head (a decode step) or more than
+       XA_PRE_BYTES of them keep the per-chunk conversion. The same values either way. */
+    const int64_t NHK = k->ne[2], NHV = v->ne[2];
+    const size_t pre_f = (size_t)(NHK * NKV * dp + NHV * NKV * dvp) * (size_t)B;
+    float *pre = NULL;
+    if (nseg == 1 && nqb >= 2 && (k->type != CSIMD_F32 || v->type != CSIMD_F32) && pre_f * 4 <= XA_PRE_BYTES &&
+        !(pre = (float *)csimd_alloc(pre_f * 4))) {
+        free(part);
+        return -2;
+    }
+    float *Kall = pre, *Vall = pre ? pre + (size_t)(NHK * NKV * dp) * (size_t)B : NULL;
     int failed = 0;
     (void)nth;
 #pragma omp parallel num_threads(nth) if (nth > 1) reduction(| : failed)
     {
+        if (pre) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < (NHK + NHV) * B * NKV; r++) { /* K's rows (head-major per batch), then V's */
+                const int64_t j = r % NKV, isv = r / NKV >= NHK * B, hb = r / NKV - (isv ? NHK * B : 0);
+                const int64_t nh = isv ? NHV : NHK, h = hb % nh, bb = hb / nh, n = isv ? Dv : D;
+                const int64_t np = isv ? dvp : dp;
+                const csimd_tensor *t = isv ? v : k;
+                float *o = (isv ? Vall : Kall) + (hb * NKV + j) * np; /* hb = bb * nh + h */
+                FN(row_to_f32)(o, ELT(t, 0, j, h, bb), t->type, t->nb[0], n);
+                for (int64_t e = n; e < np; e++) o[e] = 0.0f;
+            }
+        }
         float *buf = (float *)csimd_alloc((size_t)total * 4);
         if (!buf) failed = 1;
         else memset(buf, 0, (size_t)total * 4);
@@ -198,15 +224,21 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                     if (seen) { live |= 1u << (g / XA_KU); jend = g + XA_KU < nk ? g + XA_KU : nk; }
                 }
                 if (!live) continue;
-                for (int64_t j = 0; j < jend; j++) {
-                    FN(row_to_f32)(Kc + j * dp, ELT(k, 0, j0 + j, hk, b), k->type, k->nb[0], D);
-                    FN(row_to_f32)(Vc + j * dvp, ELT(v, 0, j0 + j, hv, b), v->type, v->nb[0], Dv);
+                const float *Kj = Kc, *Vj = Vc;
+                if (pre) {
+                    Kj = Kall + ((b * NHK + hk) * NKV + j0) * dp;
+                    Vj = Vall + ((b * NHV + hv) * NKV + j0) * dvp;
+                } else {
+                    for (int64_t j = 0; j < jend; j++) {
+                        FN(row_to_f32)(Kc + j * dp, ELT(k, 0, j0 + j, hk, b), k->type, k->nb[0], D);
+                        FN(row_to_f32)(Vc + j * dvp, ELT(v, 0, j0 + j, hv, b), v->type, v->nb[0], Dv);
+                    }
                 }
                 /* 2. scores: s = scale q.k (softcapped) + bias, XA_KU keys at a time */
                 for (int64_t g = 0; g < jend; g += XA_KU) {
                     if (!(live >> (g / XA_KU) & 1u)) continue;
                     VF c[XA_KU];
-                    FN(xa_qk)(Qt, Kc + g * dp, dp, D, c);
+                    FN(xa_qk)(Qt, Kj + g * dp, dp, D, c);
                     for (int u = 0; u < XA_KU && g + u < jend; u++) {
                         VF x = c[u] * scale;
                         if (softcap != 0.0f)
@@ -234,7 +266,7 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                         for (int64_t e = 0; e < dvp; e += VL) *(VF *)(A + l * dvp + e) *= ms[l];
                 /* 4. accumulators += probabilities x V, two rows at a time */
                 for (int l = 0; l < nq; l += 2)
-                    FN(xa_pv)(A + l * dvp, A + (l + 1) * dvp, S, l, l + 1, Vc, dvp, jend, dvp);
+                    FN(xa_pv)(A + l * dvp, A + (l + 1) * dvp, S, l, l + 1, Vj, dvp, jend, dvp);
             }
             if (nseg == 1) {
                 float Mr[VL], Lr[VL];
@@ -281,6 +313,7 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
         free(buf);
     }
     free(part);
+    free(pre);
     return failed ? -2 : 0;
 }
 
@@ -417,4 +450,5 @@ ATTR static int FN(conv_transpose_1d)(int64_t s0, const csimd_tensor *a, const c
 #undef XC_OCB
 #undef XA_KB
 #undef XA_KU
+#undef XA_PRE_BYTES
 #undef XA_PAD

@@ -1345,6 +1345,37 @@ ATTR static int FN(out_prod)(const csimd_tensor *a, const csimd_tensor *b, const
     return FN(gemm_blocks)(a, a->nb[0], a->nb[1], b, b->nb[0], b->nb[1], d, a->ne[0], b->ne[0], a->ne[1], nth);
 }
 
+#if ISA_LEVEL >= 1
+/* GEGLU over contiguous F32: the tanh GELU read from ggml's F16 table (csimd_set_gelu_tables) for VL values
+   at once, F16C rounding the indices and a gather reading the table, then times the gate. The float product
+   is the double form's (two floats multiply exactly in double, then one rounding). Returns the count done. */
+ATTR static int64_t FN(geglu_f32)(float *d, const float *x, const float *g, int64_t n) {
+    const float *tab = csimd_gelu_f16;
+    int64_t i = 0;
+#if ISA_LEVEL == 2
+    const __m512 lo = _mm512_set1_ps(-CSIMD_GELU_CLAMP), hi = _mm512_set1_ps(CSIMD_GELU_CLAMP);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + i);
+        const __m512i ix = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(xv, _MM_FROUND_TO_NEAREST_INT));
+        const __mmask16 big = _mm512_cmp_ps_mask(xv, hi, _CMP_GE_OQ);
+        const __m512 t = _mm512_mask_mov_ps(_mm512_i32gather_ps(ix, tab, 4), big, xv);
+        const __m512 r = _mm512_mul_ps(t, _mm512_loadu_ps(g + i));
+        _mm512_storeu_ps(d + i, _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(xv, lo, _CMP_LE_OQ), r));
+    }
+#else
+    const __m256 lo = _mm256_set1_ps(-CSIMD_GELU_CLAMP), hi = _mm256_set1_ps(CSIMD_GELU_CLAMP);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        const __m256i ix = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(xv, _MM_FROUND_TO_NEAREST_INT));
+        const __m256 t = _mm256_blendv_ps(_mm256_i32gather_ps(tab, ix, 4), xv, _mm256_cmp_ps(xv, hi, _CMP_GE_OQ));
+        const __m256 r = _mm256_mul_ps(t, _mm256_loadu_ps(g + i));
+        _mm256_storeu_ps(d + i, _mm256_andnot_ps(_mm256_cmp_ps(xv, lo, _CMP_LE_OQ), r));
+    }
+#endif
+    return i;
+}
+#endif
+
 /* ------------------------------------------------------------ gated linear units
    act: a unary op code (RELU, GELU, SILU, GELU_ERF, GELU_QUICK) or -1 for SWIGLU_OAI.
    b NULL: each row of a is split into halves x | g (swapped: g | x). */
@@ -1366,7 +1397,13 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
             if (swapped) { const char *t = xr; xr = gr; gr = t; }
         }
         char *dr = ELT(d, 0, i1, i2, i3);
-        for (int64_t i = 0; i < n0; i++) {
+        int64_t i0 = 0;
+#if ISA_LEVEL >= 1
+        if (act == U_GELU && a->type == CSIMD_F32 && gt == CSIMD_F32 && d->type == CSIMD_F32 && a->nb[0] == 4 &&
+            gnb == 4 && d->nb[0] == 4)
+            i0 = FN(geglu_f32)((float *)dr, (const float *)xr, (const float *)gr, n0);
+#endif
+        for (int64_t i = i0; i < n0; i++) {
             const float x = load_f32(xr + i * a->nb[0], a->type);
             const double g = load_f32(gr + i * gnb, gt);
             double r;

@@ -659,3 +659,70 @@ def test_a_planned_get_rows_is_prepared_and_still_refuses_a_bad_index(src_type):
         with pytest.raises(pc.InvalidArgument, match=r"row index out of range \[0, 4\)"):
             p.compute()
         np.testing.assert_array_equal(out.numpy(), want[[3, 1]])  # nothing written
+
+
+def test_rows_kernels_are_prepared_whatever_their_index_inputs_hold_at_plan_time():
+    """A plan's index inputs are written after planning (a model's KV-cache cells): an out-of-range value
+    left in the buffer when the plan is made must not send SET_ROWS/GET_ROWS to the general path for good;
+    the values of each compute are still checked."""
+    _need_available()
+    ctx = pc.Context()
+    dst = ctx.new_tensor(pc.F16, (32, 4))
+    rows = ctx.from_numpy(np.full((1, 32), 0.25, np.float32))
+    cell = ctx.new_tensor(pc.I64, (1,)).set_input()
+    table = pc.cpy(ctx.from_numpy(np.arange(128, dtype=np.float32).reshape(4, 32) / 64),
+                   ctx.new_tensor(pc.GGMLType.Q8_0, (32, 4)))
+    pc.compute(table, "csimd")
+    idx = ctx.new_tensor(pc.I32, (1,)).set_input()
+    cell.set(np.array([99], np.int64))  # what the buffers hold when the plan is made
+    idx.set(np.array([-7], np.int32))
+    written = pc.set_rows(dst, rows, cell)
+    picked = pc.get_rows(table, idx).set_output()
+    p = pc.plan(pc.Graph().expand(written).expand(picked), "csimd", strict=True)
+    assert all(getattr(c, "keep", None) is not None for c in p.calls), "every call prepared, none general"
+    cell.set(np.array([2], np.int64))
+    idx.set(np.array([3], np.int32))
+    p.compute()
+    np.testing.assert_array_equal(dst.numpy()[2], 0.25)
+    np.testing.assert_allclose(picked.numpy().ravel(), np.arange(96, 128) / 64, atol=0.01)
+    cell.set(np.array([4], np.int64))
+    with pytest.raises(pc.InvalidArgument, match=r"SET_ROWS: row index out of range \[0, 4\)"):
+        p.compute()
+
+
+_GEGLU_SET_ROWS_SCRIPT = r"""
+import numpy as np, prism_core as pc
+rng = np.random.default_rng(7)
+x = (rng.standard_normal((9, 203)) * 6).astype(np.float32)  # past every vector width, with a tail
+x[0, :20] = [np.nan, np.inf, -np.inf, 10, -10, 9.999, -9.999, 1e-8, -1e-8, 0, -0.0, 65504, 7e4, -7e4, 1e-5, 6e-8,
+             3e-8, -6e-8, 11, -11]  # the table's ends, F16 overflow and subnormals
+g = rng.standard_normal((9, 203)).astype(np.float32)
+g[1, :4] = [np.nan, np.inf, 0, -np.inf]
+kv = np.concatenate([x[0, :20], rng.standard_normal(183).astype(np.float32) * 300]).reshape(1, 203)
+outs = []
+for be in ("csimd", "numpy"):
+    ctx = pc.Context()
+    a, b = ctx.from_numpy(x), ctx.from_numpy(g)
+    cache = ctx.new_tensor(pc.F16, (203, 5))
+    nodes = [pc.geglu_split(a, b), pc.geglu(ctx.from_numpy(np.concatenate([x, g], 1))),
+             pc.set_rows(cache, ctx.from_numpy(kv), ctx.from_numpy(np.array([3], np.int64)))]
+    graph = pc.Graph()
+    for n in nodes:
+        graph.expand(n)
+    assert pc.compute(graph, be, strict=be == "csimd").fallbacks == []
+    outs.append([n.host().copy() for n in nodes])
+for got, want in zip(*outs):
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_geglu_and_f16_set_rows_give_the_reference_bits_on_every_isa_path(isa):
+    """GEGLU's vector table read (F16C indices, a gather) and SET_ROWS into F16 rows (F16C) against the
+    reference bit for bit, NaN, infinities, the table's ends and F16 overflow included."""
+    if isa not in _cpu_isas():
+        pytest.skip(f"this CPU cannot run the {isa} path")
+    r = subprocess.run([sys.executable, "-c", _GEGLU_SET_ROWS_SCRIPT], env=_env(PRISM_CSIMD_ISA=isa), cwd=RUN_DIR,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout[-4000:] + r.stderr[-4000:]

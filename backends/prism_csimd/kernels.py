@@ -60,6 +60,15 @@ _recording = threading.local()  # conformance runs kernels in worker threads: on
 RECHECKED = frozenset({"SET_ROWS", "GET_ROWS", "CROSS_ENTROPY_LOSS", "CROSS_ENTROPY_LOSS_BACK"})
 
 
+def check_row_indices(op: str, idx: Tensor, n_rows: int) -> None:
+    """The range check of a RECHECKED kernel's indices, in Python, except while its node is prepared: a
+    plan's inputs are not written yet then (a range check on whatever the buffer held refused to prepare
+    a model's KV-cache writes whenever it failed, leaving them on the general path, ~15 us a call); the C
+    entry point checks the values of every call and the general path then names a bad one."""
+    if getattr(_recording, "rec", None) is None:
+        checked_row_indices(op, idx, n_rows)
+
+
 def prepare(n: Tensor) -> Callable[[], None] | None:
     """A callable making ``n``'s C call(s) with arguments validated and built once (see
     ``Backend.prepare``), or None where the general path must run every time."""
@@ -340,7 +349,7 @@ def _mul_mat(n: Tensor) -> None:
 def _get_rows(n: Tensor) -> None:
     keep: list = []
     a, b = n.src[0], n.src[1]
-    checked_row_indices("GET_ROWS", b, a.ne[1])
+    check_row_indices("GET_ROWS", b, a.ne[1])
     _check(_lib().csimd_get_rows(desc(a, keep), desc(b, keep), desc(n, keep), _nth(n.nelements)), "GET_ROWS")
 
 
@@ -535,7 +544,7 @@ def _set_rows(n: Tensor) -> None:
     b, c, a = n.src[0], n.src[1], n.src[2]
     if n.type != a.type:
         raise InvalidArgument("SET_ROWS: the result must have the destination's type")
-    checked_row_indices("SET_ROWS", c, n.ne[1])
+    check_row_indices("SET_ROWS", c, n.ne[1])
     _check(_lib().csimd_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), _nth(b.nelements)), "SET_ROWS")
 
 

@@ -26,7 +26,6 @@ import numpy as np
 
 from prism_core import Tensor
 from prism_core.errors import InvalidArgument
-from prism_core.ops.semantics import checked_row_indices
 from prism_core.ops.table import QUANT_WEIGHTS, QUANT_WRITABLE, QUANTIZED
 from prism_core.quant import quantize
 from prism_core.types import F32, GGMLType, traits
@@ -110,7 +109,7 @@ def _get_rows(n: Tensor) -> None:
     if not is_block(a):
         return _k._get_rows(n)
     keep: list = []
-    checked_row_indices("GET_ROWS", b, a.ne[1])
+    _k.check_row_indices("GET_ROWS", b, a.ne[1])
     _check(_lib().csimd_q_get_rows(desc(a, keep), desc(b, keep), desc(n, keep), _nth(n.nelements)), "GET_ROWS")
 
 
@@ -134,7 +133,7 @@ def _set_rows(n: Tensor) -> None:
     b, c, a = n.src[0], n.src[1], n.src[2]
     if n.type != a.type:
         raise InvalidArgument("SET_ROWS: the result must have the destination's type")
-    checked_row_indices("SET_ROWS", c, n.ne[1])
+    _k.check_row_indices("SET_ROWS", c, n.ne[1])
     rc = _lib().csimd_q_set_rows(desc(b, keep), desc(c, keep), desc(n, keep), REFERENCE, _nth(b.nelements))
     _check_quantized(rc, n, "SET_ROWS", lambda: _numpy_rows(b))
 
