@@ -36,6 +36,12 @@ QATTR static inline float FN(q_hsum256)(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 
+QATTR static inline int32_t FN(q_hsum_epi32)(__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
+}
+
 QATTR static inline float FN(q_hsum128)(__m128 m) {
     m = _mm_add_ps(m, _mm_movehl_ps(m, m));
     return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
@@ -87,11 +93,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
     const int64_t bb = q_block_bytes(t);
     const int mins = t == Q_Q4_1 || t == Q_Q5_1, biased = !Q_B32_SIGNED(t) && !mins;
     __m256 acc[4];
-    float accm[4];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        accm[r] = 0.0f;
-    }
+    __m128 accm = _mm_setzero_ps(); /* lane r: row r's sum of min * s */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
         const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
         const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
@@ -108,10 +111,20 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
                                               : FN(q_dp4)(start, wv, av);
             const float d = t == Q_MXFP4 ? q_e8m0_half(b[0]) : FN(q_h2f)(b);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(d), as), acc[r]);
-            if (mins) accm[r] = fmaf(FN(q_h2f)(b + 2), a->gsum[k / 16], accm[r]);
+        }
+        if (mins) { /* the R rows' fp16 mins converted at once */
+            uint64_t hh = 0;
+            for (int r = 0; r < R; r++) {
+                uint16_t h;
+                memcpy(&h, wr[r] + (k / 32) * bb + 2, 2);
+                hh |= (uint64_t)h << (16 * r);
+            }
+            accm = _mm_fmadd_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)), _mm_set1_ps(a->gsum[k / 16]), accm);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = FN(q_hsum256)(acc[r]) + accm[r];
+    float m4[4];
+    _mm_storeu_ps(m4, accm);
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum256)(acc[r]) + m4[r];
 }
 
 /* ------------------------------------------------------------ super-blocks of 256 (Q8_K activations)
@@ -160,15 +173,19 @@ QATTR static inline __attribute__((always_inline)) float FN(q_gemv_q45k_row)(con
     return FN(q_hsum256)(acc) - FN(q_hsum128)(accm);
 }
 
-/* Q6_K: unsigned stored values q + 32 (<= 63), less 32 * (pair sums); 16 signed 8-bit scales */
+/* Q6_K: unsigned stored values u = q + 32 (<= 63) and 16 signed 8-bit scales: sum_g s_g * (sum u*a - 32 * isum_g),
+   the 32 * isum part by one madd of the scales and the activation's group sums (not a second maddubs per vector).
+   The lanes then hold parts that cancel: they are summed in integers (exact) before the one float multiply-add
+   per super-block. */
 QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
-    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + 210 * ib;
         const int8_t *aq = a->q + 256 * ib;
         const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i sumi = _mm256_setzero_si256();
+        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(),
+            _mm256_slli_epi32(_mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib))), 5));
         for (int h = 0; h < 2; h++) {
             const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
@@ -184,13 +201,13 @@ QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_aro
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
             for (int i = 0; i < 4; i++) {
                 const __m256i av = _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[i], av), _mm256_maddubs_epi16(m32, av));
+                const __m256i p = _mm256_maddubs_epi16(u[i], av);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[i]))));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(a->ls[64 * ib] * FN(q_h2f)(b + 208)), acc);
+        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + 208), acc);
     }
-    return FN(q_hsum256)(acc);
+    return acc;
 }
 
 /* Q2_K: 2-bit unsigned values, per group of 16 a 4-bit scale and a 4-bit min (value = d*sc*q - dmin*m); the
@@ -228,21 +245,23 @@ QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_aro
 /* Q3_K's 16 scales (6 bits, less 32) as int8: low 4 bits from bytes 0..7 (groups 0..7 the low nibbles, 8..15
    the high ones), the top 2 bits from bytes 8..11 (group i: bits 2 * (i / 4) of byte 8 + i % 4) */
 QATTR static inline __m128i FN(q_k3_scales)(const uint8_t *s) {
-    uint32_t u[3], o[4];
+    uint32_t u[3];
     memcpy(u, s, 12);
     const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
-    o[0] = (u[0] & lo4) | ((u[2] & hi2) << 4);
-    o[1] = (u[1] & lo4) | (((u[2] >> 2) & hi2) << 4);
-    o[2] = ((u[0] >> 4) & lo4) | (((u[2] >> 4) & hi2) << 4);
-    o[3] = ((u[1] >> 4) & lo4) | (((u[2] >> 6) & hi2) << 4);
-    return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)o), _mm_set1_epi8(32));
+    /* built in registers (a 16-byte load of four 4-byte stores would miss store forwarding) */
+    const __m128i o = _mm_set_epi32((int)(((u[1] >> 4) & lo4) | (((u[2] >> 6) & hi2) << 4)),
+                                    (int)(((u[0] >> 4) & lo4) | (((u[2] >> 4) & hi2) << 4)),
+                                    (int)((u[1] & lo4) | (((u[2] >> 2) & hi2) << 4)),
+                                    (int)((u[0] & lo4) | ((u[2] & hi2) << 4)));
+    return _mm_sub_epi8(o, _mm_set1_epi8(32));
 }
 
 /* Q3_K: value = u - 4 with u = 2 low bits | (the hmask bit) << 2 in 0..7, so the dot is
-   sum_g s_g * (sum u*a - 4 * isum_g): maddubs on u, the 4 * isum part by one madd of the scales and the sums */
+   sum_g s_g * (sum u*a - 4 * isum_g): maddubs on u, the 4 * isum part by one madd of the scales and the sums;
+   the lanes summed in integers, as Q6_K's */
 QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + 110 * ib;
         const int8_t *aq = a->q + 256 * ib;
@@ -261,9 +280,9 @@ QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_aro
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[j]))));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(a->ls[64 * ib] * FN(q_h2f)(b + 108)), acc);
+        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + 108), acc);
     }
-    return FN(q_hsum256)(acc);
+    return acc;
 }
 
 /* IQ4_XS's 8 scales (6 bits, less 32) as int16 in both lanes: low nibbles of bytes 4..7 (sub-block 2i the low
