@@ -173,6 +173,13 @@ QATTR static inline __attribute__((always_inline)) float FN(q_gemv_q45k_row)(con
     return FN(q_hsum256)(acc) - FN(q_hsum128)(accm);
 }
 
+/* the start of a super-block's integer sum for values stored as q + 2^shift: -2^shift * sum_g s_g * isum_g (scv:
+   the 16 group scales, isum: the activation's 16 group sums) */
+QATTR static inline __m256i FN(q_k_offset_start)(__m256i scv, const int16_t *isum, int shift) {
+    const __m256i t = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)isum));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, shift));
+}
+
 /* Q6_K: unsigned stored values u = q + 32 (<= 63) and 16 signed 8-bit scales: sum_g s_g * (sum u*a - 32 * isum_g),
    the 32 * isum part by one madd of the scales and the activation's group sums (not a second maddubs per vector).
    The lanes then hold parts that cancel: they are summed in integers (exact) before the one float multiply-add
@@ -184,8 +191,7 @@ QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_aro
         const uint8_t *b = w + 210 * ib;
         const int8_t *aq = a->q + 256 * ib;
         const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(),
-            _mm256_slli_epi32(_mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib))), 5));
+        __m256i sumi = FN(q_k_offset_start)(scv, a->isum + 16 * ib, 5);
         for (int h = 0; h < 2; h++) {
             const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
@@ -267,9 +273,7 @@ QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_aro
         const int8_t *aq = a->q + 256 * ib;
         const __m256i scv = _mm256_cvtepi8_epi16(FN(q_k3_scales)(b + 96));
         const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
-        __m256i sumi = _mm256_slli_epi32(
-            _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib))), 2);
-        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+        __m256i sumi = FN(q_k_offset_start)(scv, a->isum + 16 * ib, 2);
         for (int h = 0; h < 2; h++) {
             const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
             const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
