@@ -779,3 +779,19 @@ def test_fused_kernels_match_scalar_path_at_extreme_scales(cs, isa, t):
     assert np.isfinite(got).all() and np.isfinite(scalar).all()
     assert np.all(np.abs(got - want) <= 2e-6 * wabs), np.max(np.abs(got - want) / wabs)
     assert np.all(np.abs(got - scalar) <= 4e-6 * wabs), np.max(np.abs(got - scalar) / wabs)
+
+
+@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
+    """Up to 16 activation rows (the fused kernels' range), each row's products on every path are bit for bit
+    those of that row alone; expected values: the single-row calls."""
+    rng = np.random.default_rng(int(t) + 2900)
+    be, _ = _block(t)
+    k, m = 512, 11
+    w = random_blocks(t, m * k // be, rng)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    alone = np.concatenate([c_mul_mat(cs, t, w, (k, m, 1, 1), x[i:i + 1].reshape(1, 1, 1, k), 1).reshape(1, m)
+                            for i in range(16)])
+    for n in (2, 5, 16):
+        got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
+        np.testing.assert_array_equal(got, alone[:n], err_msg=f"{n} rows on {isa}")
