@@ -185,7 +185,7 @@ QATTR static inline __m256i FN(q_k_offset_start)(__m256i scv, const int16_t *isu
    The lanes then hold parts that cancel: they are summed in integers (exact) before the one float multiply-add
    per super-block. */
 QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
     float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + 210 * ib;
@@ -197,14 +197,13 @@ QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_aro
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
             const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            __m256i u[4]; /* elements 128h + 32i .. + 32: groups 8h + 2i (low lane) and 8h + 2i + 1 */
-            u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4));
-            u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4));
-            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4));
+            __m256i u[4]; /* elements 128h + 32i .. + 32: groups 8h + 2i (low lane) and 8h + 2i + 1; the 2 high
+                             bits (bits 2i of hh) moved to bits 4-5 by one shift (16-bit: what crosses a byte is masked) */
+            u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30));
+            u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30));
+            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m30));
             u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
+                                   _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30));
             for (int i = 0; i < 4; i++) {
                 const __m256i av = _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i));
                 const __m256i p = _mm256_maddubs_epi16(u[i], av);
@@ -266,7 +265,7 @@ QATTR static inline __m128i FN(q_k3_scales)(const uint8_t *s) {
    sum_g s_g * (sum u*a - 4 * isum_g): maddubs on u, the 4 * isum part by one madd of the scales and the sums;
    the lanes summed in integers, as Q6_K's */
 QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + 110 * ib;
@@ -278,7 +277,8 @@ QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_aro
             const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
             const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
             for (int j = 0; j < 4; j++) {
-                const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one), 2);
+                const int bit = 4 * h + j; /* to bit 2 by one 16-bit shift (what crosses a byte is masked) */
+                const __m256i hb = _mm256_and_si256(bit >= 2 ? _mm256_srli_epi16(hm, bit - 2) : _mm256_slli_epi16(hm, 2 - bit), four);
                 const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3), hb);
                 const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * j)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[j]))));
