@@ -5,7 +5,9 @@ activation row), one thread, every csimd path this CPU runs (``PRISM_CSIMD_ISA``
 avxvnni, avx512 on x86-64; scalar, neon, dotprod, i8mm on arm64), numba's integer path as this process
 compiled it (its ISA is fixed at import: run again with ``PRISM_NUMBA_ISA=avx2``, or an AVX2 target, for
 another; left out where numba is not installed), and ggml's CPU backend
-(ggml-python, as built for this machine). GOPS (2 * k * m per product), best of ``--rounds``
+(ggml-python, as built for this machine; ``--ggml-peer avx2=PYTHON``, repeatable, adds the ggml-python of another
+interpreter as column ``ggml:avx2``, e.g. a venv built for AVX2 only as docs/isa.md shows, and ``--base`` names
+the column the ratios are taken against). GOPS (2 * k * m per product), best of ``--rounds``
 interleaved rounds, each the mean of enough calls to fill 0.1 s. Timings depend on the machine's
 load: take them under ``flock /work/coord/bench.lock`` on a shared one.
 """
@@ -14,29 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import numpy as np
 
 import prism_core as pc
 from prism_core.types import GGMLType, traits
 
-from .quantized import GgmlMulMat, ggml, weight_blocks
+from .ggml_peer import GgmlMulMat, RemoteGgml, ggml, rate
+from .quantized import weight_blocks
 
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
            "MXFP4")
 ISAS = ("scalar", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm")
-
-
-def _rate(fn, ops: float) -> float:
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        dt = time.perf_counter() - t0
-        if dt > 0.1:
-            return ops * n / dt / 1e9
 
 
 def _csimd_paths() -> list[str]:
@@ -59,7 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--m", type=int, default=2048)
+    ap.add_argument("--ggml-peer", action="append", default=[], metavar="NAME=PYTHON",
+                    help="another interpreter whose ggml-python is timed too, as column ggml:NAME")
+    ap.add_argument("--base", default="ggml", help="the column the ratios are against (default: ggml)")
     args = ap.parse_args(argv)
+    peers = {}
+    for spec in args.ggml_peer:
+        name, sep, python = spec.partition("=")
+        if not sep or not name or not python:
+            ap.error(f"--ggml-peer wants NAME=PYTHON, got {spec!r}")
+        peers[f"ggml:{name}"] = RemoteGgml(python)
     os.environ["PRISM_NUM_THREADS"] = "1"
     rng = np.random.default_rng(0)
     k, m = args.k, args.m
@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:  # numba not installed (its column is left out, said so)
         print(f"numba: not measured ({e})")
         numba_col = []
-    cols = (["ggml"] if ggml is not None else []) + [f"csimd:{i}" for i in isas] + numba_col
-    print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds); ratios against ggml")
+    cols = (["ggml"] if ggml is not None else []) + list(peers) + [f"csimd:{i}" for i in isas] + numba_col
+    if args.base not in cols:
+        ap.error(f"--base {args.base!r} is not a column ({', '.join(cols)})")
+    print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds); ratios against {args.base}")
     print(f"{'format':<8}" + "".join(f"{c:>22}" for c in cols))
     for name in args.formats.split(","):
         t = GGMLType[name]
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         runners: dict[str, object] = {}
         if ggml is not None:
             runners["ggml"] = GgmlMulMat(t, blocks, x, 1)
+        for c, peer in peers.items():
+            peer.load(t, blocks, x, 1)
+            runners[c] = peer
         for isa in isas:
             _set_isa(isa)
             runners[f"csimd:{isa}"] = (isa, pc.plan(y, "csimd", strict=True).compute)
@@ -97,19 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         best: dict[str, float] = {}
         for _ in range(args.rounds):
             for c, r in runners.items():
+                if isinstance(r, RemoteGgml):
+                    best[c] = max(best.get(c, 0.0), r.rate(ops))
+                    continue
                 if isinstance(r, tuple):
                     _set_isa(r[0])
                     r = r[1]
-                best[c] = max(best.get(c, 0.0), _rate(r, ops))
-        base = best.get("ggml")
+                best[c] = max(best.get(c, 0.0), rate(r, ops))
+        base = best.get(args.base)
         cells = []
         for c in cols:
             v = best.get(c)
-            cells.append("-" if v is None else f"{v:7.1f}" + (f" ({v / base:4.2f}x)" if base and c != "ggml" else ""))
+            ratio = f" ({v / base:4.2f}x)" if v is not None and base and c != args.base else ""
+            cells.append("-" if v is None else f"{v:7.1f}{ratio}")
         print(f"{name:<8}" + "".join(f"{s:>22}" for s in cells))
         if ggml is not None:
             runners["ggml"].close()
     os.environ.pop("PRISM_CSIMD_ISA", None)
+    for peer in peers.values():
+        peer.close()
     return 0
 
 

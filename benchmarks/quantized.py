@@ -18,12 +18,8 @@ import prism_core as pc
 from prism_core.quant import can_quantize, quantize
 from prism_core.types import F32, GGMLType, traits
 
+from .ggml_peer import GgmlMulMat, ggml
 from .machine import copy_bandwidth_gbs
-
-try:
-    import ggml  # ggml-python: builds ggml's CPU backend from source
-except ImportError:
-    ggml = None
 
 G = GGMLType
 FORMATS = (G.Q4_0, G.Q8_0, G.Q5_0, G.Q4_K, G.Q6_K)
@@ -50,35 +46,6 @@ def weight_blocks(t: GGMLType, m: int, k: int, rng: np.random.Generator) -> np.n
         out[..., off:off + 2] = rng.uniform(0.001, 0.01, out.shape[:2]).astype(np.float16).view(np.uint8) \
             .reshape(*out.shape[:2], 2)
     return out.reshape(m, -1)
-
-
-class GgmlMulMat:
-    """d = mul_mat(w, x) on ggml's CPU backend, w of a block type (the same bytes as Prism's)."""
-
-    def __init__(self, t: GGMLType, blocks: np.ndarray, x: np.ndarray, threads: int) -> None:
-        m, n, k = blocks.shape[0], x.shape[0], x.shape[1]
-        self.threads = threads
-        params = ggml.ggml_init_params(mem_size=blocks.nbytes + x.nbytes + 4 * m * n + (64 << 20), mem_buffer=None,
-                                       no_alloc=False)
-        self.ctx = ggml.ggml_init(params)
-        self.w = ggml.ggml_new_tensor_2d(self.ctx, int(t), k, m)
-        self.x = ggml.ggml_new_tensor_2d(self.ctx, ggml.GGML_TYPE_F32, k, n)
-        ctypes.memmove(ggml.ggml_get_data(self.w), blocks.ctypes.data, blocks.nbytes)
-        ctypes.memmove(ggml.ggml_get_data(self.x), np.ascontiguousarray(x).ctypes.data, x.nbytes)
-        self.y = ggml.ggml_mul_mat(self.ctx, self.w, self.x)
-        self.graph = ggml.ggml_new_graph(self.ctx)
-        ggml.ggml_build_forward_expand(self.graph, self.y)
-        self.shape = (n, m)
-
-    def __call__(self) -> None:
-        ggml.ggml_graph_compute_with_ctx(self.ctx, self.graph, self.threads)
-
-    def result(self) -> np.ndarray:
-        p = ctypes.cast(ggml.ggml_get_data(self.y), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(p, shape=self.shape).copy()
-
-    def close(self) -> None:
-        ggml.ggml_free(self.ctx)
 
 
 def ggml_to_float(t: GGMLType, blocks: np.ndarray, out: np.ndarray):

@@ -850,28 +850,10 @@ QATTR static void FN(q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp,
 
 /* ------------------------------------------------------------ fused matrix-vector dot products
    For a few activation rows per weight tile (matrix-vector products), decoding into the row buffer
-   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows are then read straight from their
-   blocks and unpacked in registers (the same integer products; the float scaling is grouped per block or
+   costs more than the dot itself: Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows (AVX-512), every format of
+   csimd_quant_avx2.h (AVX2) are then read straight from their blocks and unpacked in registers (the same integer products; the float scaling is grouped per block or
    super-block, so results may differ from the decoded path's in the last bits). 0: not handled here (the
    caller decodes). */
-#if ISA_LEVEL >= 1
-/* 32 weights of one block as signed bytes (q - bias of the format) */
-QATTR static inline __m256i FN(q_block_s8)(int t, const uint8_t *b) {
-    const __m128i m4 = _mm_set1_epi8(15);
-    if (t == Q_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m128i v = _mm_loadu_si128((const __m128i *)(b + (t == Q_Q5_0 ? 6 : 2)));
-    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    if (t == Q_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    uint32_t qh;
-    memcpy(&qh, b + 2, 4);
-    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                                0x0101010101010101LL, 0x0000000000000000LL));
-    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, sel), sel), _mm256_set1_epi8(16));
-    return _mm256_sub_epi8(_mm256_or_si256(q, hb), _mm256_set1_epi8(16));
-}
-#endif
 
 /* the 8 scales and 8 mins of a Q4_K super-block (12 bytes of 6-bit fields) as 16 int16: scales, then mins */
 #if ISA_LEVEL >= 1
@@ -885,98 +867,6 @@ QATTR static inline __m256i FN(q_k4_scales_mins)(const uint8_t *s) {
 }
 #endif
 
-#if ISA_LEVEL == 1
-/* Q4_K and Q6_K rows against one Q8_K activation row on AVX2, one row at a time, the sub-block scales in
-   integers as on the AVX-512 path: maddubs of the unsigned stored values and the activations (pairs,
-   16 bits: Q4_K 2 * 15 * 128, Q6_K 2 * 63 * 128), less Q6_K's 32 * (pair sums), then madd by the
-   scales broadcast from a register (pshufb) and one float multiply-add per super-block. */
-#ifndef CSIMD_K_AVX2_TABLES /* data, not code: once for the AVX2 and AVX-VNNI copies */
-#define CSIMD_K_AVX2_TABLES
-static const uint8_t q_k4_bcast[8][32] __attribute__((aligned(32))) = { /* all 16 lanes: int16 j of 8 */
-#define Q_B2(j) 2 * (j), 2 * (j) + 1
-#define Q_B16(j) Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j), Q_B2(j)
-    {Q_B16(0), Q_B16(0)}, {Q_B16(1), Q_B16(1)}, {Q_B16(2), Q_B16(2)}, {Q_B16(3), Q_B16(3)},
-    {Q_B16(4), Q_B16(4)}, {Q_B16(5), Q_B16(5)}, {Q_B16(6), Q_B16(6)}, {Q_B16(7), Q_B16(7)},
-};
-static const uint8_t q_k6_pair[4][32] __attribute__((aligned(32))) = { /* low lane int16 2i, high lane 2i + 1 */
-    {Q_B16(0), Q_B16(1)}, {Q_B16(2), Q_B16(3)}, {Q_B16(4), Q_B16(5)}, {Q_B16(6), Q_B16(7)},
-#undef Q_B16
-#undef Q_B2
-};
-#endif
-
-QATTR static inline float FN(q_hsum256)(__m256 v) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-}
-
-QATTR static float FN(q_gemv_q4k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t ib = 0; ib < nsb; ib++) {
-        const uint8_t *b = w + 144 * ib;
-        const int8_t *aq = a->q + 256 * ib;
-        int32_t dpair;
-        memcpy(&dpair, b, 4);
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(a->ls[64 * ib]));
-        const __m256i sm = FN(q_k4_scales_mins)(b + 4);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        const __m256i gs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib)),
-                                             _mm256_set1_epi16(1));
-        const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(gs), _mm256_extracti128_si256(gs, 1));
-        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs)),
-                            _mm_permute_ps(dd, 0x55), accm);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
-            const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(v, m4),
-                                                     _mm256_loadu_si256((const __m256i *)(aq + 64 * c)));
-            const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                                     _mm256_loadu_si256((const __m256i *)(aq + 64 * c + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c]))));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c + 1]))));
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), acc);
-    }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return FN(q_hsum256)(acc) - _mm_cvtss_f32(m);
-}
-
-QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < nsb; ib++) {
-        const uint8_t *b = w + 210 * ib;
-        const int8_t *aq = a->q + 256 * ib;
-        const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-            const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            __m256i u[4]; /* elements 128h + 32i .. + 32: groups 8h + 2i (low lane) and 8h + 2i + 1 */
-            u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4));
-            u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4));
-            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
-            for (int i = 0; i < 4; i++) {
-                const __m256i av = _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u[i], av), _mm256_maddubs_epi16(m32, av));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[i]))));
-            }
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(a->ls[64 * ib] * FN(q_h2f)(b + 208)), acc);
-    }
-    return FN(q_hsum256)(acc);
-}
-#endif
 
 #if ISA_LEVEL == 2
 /* Q4_K and Q6_K rows against one Q8_K activation row on AVX-512 VNNI, R (1..4) weight rows per pass
@@ -1282,51 +1172,11 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 #endif
 
 #if ISA_LEVEL == 1
-/* Q4_0, Q5_0 and Q8_0 rows against one Q8_0 activation row on AVX2, R (1..4) weight rows per pass (the
-   activation loads shared, R independent chains of multiply-adds): per block the weights unpacked to
-   signed bytes, |w| times (a with w's sign) (pairs at most 2 * 128 * 127: no saturation) summed in
-   four-product lanes (q_dp4), one float multiply-add with d_w * d_a. pf: as the AVX-512 kernel's. */
-QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
-                                                                        const int R, int64_t K, const q_arow *a,
-                                                                        float *out, const int64_t pf) {
-    const int64_t bb = q_block_bytes(t);
-    __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-        const __m256i av = _mm256_loadu_si256((const __m256i *)(a->q + k));
-        const __m256 as = _mm256_loadu_ps(a->ls + k / 4);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const uint8_t *b = wr[r] + (k / 32) * bb;
-            if (pf && (k & 63) == 0) _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-            const __m256i wv = FN(q_block_s8)(t, b);
-            const __m256i p = FN(q_dp4)(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(FN(q_h2f)(b)), as), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) out[r] = FN(q_hsum256)(acc[r]);
-}
-
-/* out[r] = wr[r] . a for R (1..4) rows of Q4_0, Q5_0 or Q8_0; 0: another format (not handled here) */
-QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
-                              int64_t pf) {
-    if (t == Q_Q4_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_0, wr, R, K, a, out, pf) return 1; }
-    if (t == Q_Q5_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_0, wr, R, K, a, out, pf) return 1; }
-    if (t == Q_Q8_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1; }
-    return 0;
-}
+#include "csimd_quant_avx2.h" /* every format of the list, 32-blocks 4 rows a pass, K-quants row by row */
 #endif
 
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
-#if ISA_LEVEL == 2
-    return FN(q_gemv_k)(t, wr, R, K, a, out, 0);
-#elif ISA_LEVEL == 1
-    if (t == Q_Q4_K || t == Q_Q6_K) {
-        for (int r = 0; r < R; r++)
-            out[r] = t == Q_Q4_K ? FN(q_gemv_q4k_row)(wr[r], K / 256, a) : FN(q_gemv_q6k_row)(wr[r], K / 256, a);
-        return 1;
-    }
+#if ISA_LEVEL >= 1
     return FN(q_gemv_k)(t, wr, R, K, a, out, 0);
 #else
     (void)t; (void)wr; (void)R; (void)K; (void)a; (void)out;
@@ -1340,7 +1190,7 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
    prefetch (to L2) the rows three passes ahead (then 1.5x). */
 #define Q_DIRECT_ROWS(t)                                                                                \
     ((ISA_LEVEL == 2 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K)) || \
-     (ISA_LEVEL == 1 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0)) ? 4 : 1)
+     ISA_LEVEL == 1 ? 4 : 1) /* AVX2: q_gemv_k takes 4 rows of any format it has (csimd_quant_avx2.h) */
 #ifndef QM_DIRECT
 /* activation rows per tile up to which weights are read straight from their blocks, each row a pass over the
    same weight rows (then in L1): measured on Gemma 3 270M, 2 threads, AVX-512 VNNI, against decoding them

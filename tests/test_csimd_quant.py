@@ -694,3 +694,104 @@ def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
     alone = np.concatenate([product(x[i:i + 1]) for i in range(16)])
     for n in (2, 3, 5, 8, 16):
         np.testing.assert_array_equal(product(x[:n]), alone[:n], err_msg=f"{n} rows")
+
+
+# The formats with fused matrix-vector kernels on AVX2 (csrc/csimd_quant_avx2.h): read straight from their blocks
+# for up to 16 activation rows per weight tile (csrc QM_DIRECT), decoded first beyond.
+FUSED_AVX2 = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_NL,
+              GT.IQ4_XS, GT.MXFP4)
+
+
+def _with_isa(cs, name: str, fn):
+    """fn() computed on csimd's path `name`, the path in force restored afterwards."""
+    _, lib = cs
+    before = lib.csimd_get_isa()
+    assert lib.csimd_set_isa(ISAS.index(name)) == 0
+    try:
+        return fn()
+    finally:
+        lib.csimd_set_isa(before)
+
+
+def _exact_case(t: GT, k: int, m: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Weights and activations whose products are exact in float32 on every path: random quant bits, every
+    weight scale 2^-6 (Q4_1/Q5_1's min a multiple of it, MXFP4's exponent 2^-6), activations integers in [-3, 3]
+    with -127 at the start of each block of 32, so the activation quantizers keep them as they are (scale 1).
+    Every partial sum is then a multiple of 2^-8 below 2^15: exact whatever the order of the sums."""
+    be, _ = _block(t)
+    w = random_blocks(t, m * k // be, rng)
+    d = np.frombuffer(np.float16(2.0 ** -6).tobytes(), dtype=np.uint8)
+    for off in F16_FIELDS[t]:
+        w[:, off:off + 2] = d
+    if t in (GT.Q4_1, GT.Q5_1):
+        w[:, 2:4] = (rng.integers(-8, 9, len(w)) * 2.0 ** -6).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if t == GT.MXFP4:
+        w[:, 0] = 122  # 2^(e - 128): the half of 2^-5, the scale its doubled values are stored against
+    x = rng.integers(-3, 4, (n, k)).astype(np.float32)
+    x[:, ::32] = -127.0
+    return w, x
+
+
+@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+def test_fused_kernels_exact_where_the_sums_are(cs, isa, t):
+    """Where every product and partial sum is exact in float32, each path gives the exact product (float64 on the
+    dequantized operands), bit for bit, for 1 and 3 activation rows (fused kernels on AVX2 and AVX-512) and 20
+    (decoded rows first), with passes of 4 weight rows and a remainder of 3."""
+    rng = np.random.default_rng(int(t) + 900)
+    k, m = 512, 7
+    w, x = _exact_case(t, k, m, 20, rng)
+    wf = dequant(w, t).astype(np.float64).reshape(m, k)
+    for n in (1, 3, 20):
+        got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
+        want = x[:n].astype(np.float64) @ wf.T
+        assert np.all(np.abs(want) < 2.0 ** 15)
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=f"{n} rows on {isa}")
+
+
+def _extreme_blocks(t: GT, nblocks: int, rng: np.random.Generator) -> np.ndarray:
+    """random_blocks with the scales at fp16's ends: the largest (+-65504), subnormal, tiny and ordinary ones."""
+    b = random_blocks(t, nblocks, rng)
+    picks = np.array([65504.0, -65504.0, 6e-8, -3e-5, 1e-3, 1.0, -7.5], dtype=np.float16)
+    for off in F16_FIELDS[t]:
+        b[:, off:off + 2] = rng.choice(picks, nblocks).view(np.uint8).reshape(nblocks, 2)
+    if t == GT.MXFP4:
+        b[:, 0] = rng.choice(np.array([0, 1, 2, 100, 127, 128, 160], dtype=np.uint8), nblocks)  # 2^-128 .. 2^32
+    return b
+
+
+@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+def test_fused_kernels_match_scalar_path_at_extreme_scales(cs, isa, t):
+    """Random quant bits, scales at fp16's ends, activations spanning 1e-3..1e3: each path within float32 rounding
+    of the float64 product of the quantized operands, and of the scalar path's result (plain integer loops)."""
+    rng = np.random.default_rng(int(t) + 1900)
+    be, _ = _block(t)
+    k, m, n = 768 if be == 256 else 320, 9, 2
+    w = _extreme_blocks(t, m * k // be, rng)
+    x = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, k))).astype(np.float32)
+    got = c_mul_mat(cs, t, w, (k, m, 1, 1), x.reshape(1, 1, n, k), 1).reshape(n, m)
+    scalar = _with_isa(cs, "scalar", lambda: c_mul_mat(cs, t, w, (k, m, 1, 1), x.reshape(1, 1, n, k), 1)).reshape(n, m)
+    at = VEC_DOT[t]
+    a = c_quant(cs, x, at, mode=0)
+    af = dequant(a, at).astype(np.float64).reshape(n, k)
+    wf = dequant(w, t).astype(np.float64).reshape(m, k)
+    want = af @ wf.T + q8_1_sum_correction(w, t, a, at, m, n)
+    wabs = np.abs(af) @ np.abs(wf).T
+    assert np.isfinite(got).all() and np.isfinite(scalar).all()
+    assert np.all(np.abs(got - want) <= 2e-6 * wabs), np.max(np.abs(got - want) / wabs)
+    assert np.all(np.abs(got - scalar) <= 4e-6 * wabs), np.max(np.abs(got - scalar) / wabs)
+
+
+@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
+    """Up to 16 activation rows (the fused kernels' range), each row's products on every path are bit for bit
+    those of that row alone; expected values: the single-row calls."""
+    rng = np.random.default_rng(int(t) + 2900)
+    be, _ = _block(t)
+    k, m = 512, 11
+    w = random_blocks(t, m * k // be, rng)
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    alone = np.concatenate([c_mul_mat(cs, t, w, (k, m, 1, 1), x[i:i + 1].reshape(1, 1, 1, k), 1).reshape(1, m)
+                            for i in range(16)])
+    for n in (2, 5, 16):
+        got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
+        np.testing.assert_array_equal(got, alone[:n], err_msg=f"{n} rows on {isa}")
