@@ -119,6 +119,37 @@ QATTR static inline __attribute__((always_inline)) void FN(qb_b32_row)(const int
     for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum512)(acc[j]);
 }
 
+/* one activation row against R (1..4) weight rows, qb_b32_row's operations per weight row (so the same
+   results), interleaved: the activation loads shared and R independent chains (a single row's product,
+   whose weights mostly come from memory, is faster so than one weight row at a time) */
+QATTR static inline __attribute__((always_inline)) void FN(qb_b32_rows1)(const int t, const uint8_t *const *wr,
+                                                                        const int R, int64_t K, const uint8_t *ag,
+                                                                        float *out, int64_t pf) {
+    const int64_t bb = q_block_bytes(t);
+    __m512 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < K / 128; g++) {
+        const uint8_t *p = ag + 256 * g;
+        const __m512i a0 = _mm512_loadu_si512((const void *)p), a1 = _mm512_loadu_si512((const void *)(p + 64));
+        const __m512i nb = _mm512_loadu_si512((const void *)(p + 128));
+        const __m512 ad = _mm512_loadu_ps((const void *)(p + 192));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + 4 * g * bb;
+            if (pf)
+                for (int64_t l = 0; l < 4 * bb; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
+            __m512i x0, x1;
+            FN(qb_unpack4)(t, b, bb, &x0, &x1);
+            const __m512 wd = FN(qb_scales4)(b, bb);
+            __m512i s = _mm512_dpbusd_epi32(nb, x0, a0);
+            s = _mm512_dpbusd_epi32(s, x1, a1);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, ad), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
+}
+
 /* Q4_K: q_gemv_q4k_r's operations for one weight row against N activation rows */
 QATTR static inline __attribute__((always_inline)) void FN(qb_q4k_row)(const uint8_t *w, int64_t nsb,
                                                                       const q_arow *const *a, const int N,
@@ -237,6 +268,24 @@ QATTR static int FN(qb_rows)(int t, const uint8_t *const *wr, int R, int64_t K, 
                              const q_arow *const *a, int64_t n, float *const *out, int64_t col, int64_t pf) {
     const int b32 = qb_b32_fmt(t, K);
     if (!b32 && (K % 256 || (t != Q_Q4_K && t != Q_Q6_K))) return 0;
+    if (b32 && n == 1) { /* one activation row: the weight rows interleaved */
+        float o[4];
+#define QB_R1(T, R_) FN(qb_b32_rows1)(T, wr, R_, K, ag[0], o, pf)
+#define QB_R1_T(T)                                                                                              \
+        switch (R) {                                                                                            \
+        case 4: QB_R1(T, 4); break;                                                                             \
+        case 3: QB_R1(T, 3); break;                                                                             \
+        case 2: QB_R1(T, 2); break;                                                                             \
+        default: QB_R1(T, 1); break;                                                                            \
+        }
+        if (t == Q_Q8_0) QB_R1_T(Q_Q8_0)
+        else if (t == Q_Q5_0) QB_R1_T(Q_Q5_0)
+        else QB_R1_T(Q_Q4_0)
+#undef QB_R1_T
+#undef QB_R1
+        for (int r = 0; r < R; r++) out[0][col + r] = o[r];
+        return 1;
+    }
     for (int64_t j = 0; j < n; j += QB_ROWS) {
         const int N = (int)(n - j < QB_ROWS ? n - j : QB_ROWS);
         for (int r = 0; r < R; r++) {
