@@ -1083,64 +1083,6 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
 }
 
-/* q_gemv_b32_r for two activation rows at once (batched decoding): each weight block unpacked once for both;
-   per row the same operations in the same order as q_gemv_b32_r, so each result is bit for bit that kernel's
-   (a row's products do not depend on the rows beside it). K a multiple of 128. */
-QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r2)(const int t, const uint8_t *const *wr,
-                                                                         const int R, int64_t K, const q_arow *a,
-                                                                         const q_arow *a2, float *out, float *out2,
-                                                                         const int64_t pf) {
-    const int64_t bb = q_block_bytes(t);
-    const int nb_shift = t == Q_Q8_0 ? 0 : t == Q_Q4_0 ? 4 : 3;
-    const __m512i blk0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i blk1 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-    __m512 acc[4], acc2[4];
-    for (int r = 0; r < R; r++) acc[r] = acc2[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 128) {
-        const __m512i a0 = _mm512_loadu_si512((const void *)(a->q + k));
-        const __m512i a1 = _mm512_loadu_si512((const void *)(a->q + k + 64));
-        const __m512i n0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
-        const __m512i n1 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4 + 16)), nb_shift);
-        const __m512 s0 = _mm512_loadu_ps(a->ls + k / 4), s1 = _mm512_loadu_ps(a->ls + k / 4 + 16);
-        const __m512i b0 = _mm512_loadu_si512((const void *)(a2->q + k));
-        const __m512i b1 = _mm512_loadu_si512((const void *)(a2->q + k + 64));
-        const __m512i m0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a2->nbias + k / 4)), nb_shift);
-        const __m512i m1 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a2->nbias + k / 4 + 16)), nb_shift);
-        const __m512 t0 = _mm512_loadu_ps(a2->ls + k / 4), t1 = _mm512_loadu_ps(a2->ls + k / 4 + 16);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const uint8_t *b = wr[r] + (k / 32) * bb;
-            const __m512 wd = FN(q_b32_scales4)(t, b, bb, pf);
-            const __m512 w0 = _mm512_permutexvar_ps(blk0, wd), w1 = _mm512_permutexvar_ps(blk1, wd);
-            const __m512i u0 = FN(q_pair_u8)(t, b, b + bb), u1 = FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(n0, u0, a0)), _mm512_mul_ps(w0, s0), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(n1, u1, a1)), _mm512_mul_ps(w1, s1), acc[r]);
-            acc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(m0, u0, b0)), _mm512_mul_ps(w0, t0),
-                                      acc2[r]);
-            acc2[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(m1, u1, b1)), _mm512_mul_ps(w1, t1),
-                                      acc2[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        out[r] = FN(q_hsum512)(acc[r]);
-        out2[r] = FN(q_hsum512)(acc2[r]);
-    }
-}
-
-/* two activation rows against R (1..4) weight rows of Q4_0, Q5_0 or Q8_0 with K a multiple of 128; 0: not handled */
-QATTR static int FN(q_gemv2_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, const q_arow *a2,
-                               float *out, float *out2, int64_t pf) {
-    if (K % 128 || (t != Q_Q4_0 && t != Q_Q5_0 && t != Q_Q8_0)) return 0;
-    switch (R) {
-    case 4: FN(q_gemv_b32_r2)(t, wr, 4, K, a, a2, out, out2, pf); break;
-    case 3: FN(q_gemv_b32_r2)(t, wr, 3, K, a, a2, out, out2, pf); break;
-    case 2: FN(q_gemv_b32_r2)(t, wr, 2, K, a, a2, out, out2, pf); break;
-    default: FN(q_gemv_b32_r2)(t, wr, 1, K, a, a2, out, out2, pf); break;
-    }
-    return 1;
-}
-
 /* out[r] = wr[r] . a for R (1..4) rows of K elements (Q4_0, Q5_0, Q8_0: K a multiple of 64; Q4_K, Q6_K);
    0: not handled here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
@@ -1199,8 +1141,8 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #define QM_DIRECT 16
 #endif
 
-#ifndef QM_PAIRS
-#define QM_PAIRS 1 /* the direct path takes two activation rows per pass (q_gemv2_k) where it can */
+#if ISA_LEVEL == 2
+#include "csimd_quant_batch.h" /* batched decoding: several activation rows per pass over each weight row */
 #endif
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
@@ -1264,36 +1206,28 @@ QATTR static int FN(q_quant_acts)(int at, const csimd_tensor *b, int64_t kp, cha
 }
 
 /* one item of q_gemm_groups: tile it / tiles_m of activation rows against weight rows [m0, m1) of its group;
-   *wbuf (4 decoded weight rows) allocated when first needed. 0 or -2 (out of memory). */
+   *wbuf (4 decoded weight rows) allocated when first needed; actg: the rows of the direct tiles in
+   qb_pack_act's layout, or NULL. 0 or -2 (out of memory). */
 QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, const char *const *gw, const int64_t *goff,
-                                 const int64_t *arow, float *const *out, const char *acts, int64_t kp,
+                                 const int64_t *arow, float *const *out, const char *acts, const char *actg, int64_t kp,
                                  const int64_t *tile, int64_t tiles_m, int64_t mi, int64_t it, char **wbuf) {
     const size_t ab = q_arow_bytes(kp), wb = q_wrow_bytes(kp);
     const int64_t tm = it % tiles_m, ti = it / tiles_m, g = tile[2 * ti], j0 = tile[2 * ti + 1];
     const int64_t j1 = j0 + QM_NC < goff[g + 1] ? j0 + QM_NC : goff[g + 1];
     const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
     q_wrow w[4];
+    (void)actg;
     for (int64_t m = m0; m < m1; m += 4) {
         const int R = (int)(m1 - m < 4 ? m1 - m : 4);
         if (j1 - j0 <= QM_DIRECT) {
             const uint8_t *wr[4];
             for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
+#if ISA_LEVEL == 2 /* every row of the tile in one pass over each weight row (csimd_quant_batch.h) */
+            if (FN(qb_tile)(qa, wr, R, K, actg, acts, kp, arow, out, j0, j1, m, m + R + QB_PF_ROWS <= M ? QB_PF_ROWS * wnb1 : 0))
+                continue;
+#endif
             int done = 1;
             int64_t j = j0;
-#if ISA_LEVEL == 2 && QM_PAIRS
-            for (; j + 2 <= j1; j += 2) { /* two activation rows per pass where a kernel does (Q4_0, Q5_0, Q8_0) */
-                q_arow a0, a1;
-                q_arow_at(&a0, (char *)acts + ab * (size_t)arow[j], kp);
-                q_arow_at(&a1, (char *)acts + ab * (size_t)arow[j + 1], kp);
-                float o0[4], o1[4];
-                if (!FN(q_gemv2_k)(qa, wr, R, K, &a0, &a1, o0, o1, j == j0 && m + 4 * R <= M ? 3 * R * wnb1 : 0))
-                    break;
-                for (int r = 0; r < R; r++) {
-                    out[j][m + r] = o0[r];
-                    out[j + 1][m + r] = o1[r];
-                }
-            }
-#endif
             for (; j < j1 && done; j++) {
                 q_arow ar;
                 q_arow_at(&ar, (char *)acts + ab * (size_t)arow[j], kp);
@@ -1364,10 +1298,16 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
     if (mi > M) mi = (M + 3) / 4 * 4;
     const int64_t tiles_m = (M + mi - 1) / mi, items = ntiles * tiles_m;
     int failed = 0;
-    if (nth <= 1 || items <= 1) { /* no OpenMP region */
+    char *actg = NULL;
+#if ISA_LEVEL == 2
+    actg = FN(qb_pack_acts)(qa, K, tile, ntiles, goff, arow, acts, kp, &failed);
+#endif
+    if (failed) { /* out of memory */
+    } else if (nth <= 1 || items <= 1) { /* no OpenMP region */
         char *wbuf = NULL;
         for (int64_t it = 0; it < items && !failed; it++)
-            failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, kp, tile, tiles_m, mi, it, &wbuf) != 0;
+            failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, actg, kp, tile, tiles_m, mi, it,
+                                     &wbuf) != 0;
         free(wbuf);
     } else {
 #pragma omp parallel num_threads(nth) reduction(| : failed)
@@ -1376,11 +1316,12 @@ QATTR static int FN(q_gemm_groups)(int qa, int64_t K, int64_t M, int64_t wnb1, i
 #pragma omp for schedule(dynamic, 1)
             for (int64_t it = 0; it < items; it++)
                 if (!failed)
-                    failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, kp, tile, tiles_m, mi, it,
-                                             &wbuf) != 0;
+                    failed = FN(q_gemm_item)(qa, K, M, wnb1, gw, goff, arow, out, acts, actg, kp, tile, tiles_m, mi,
+                                             it, &wbuf) != 0;
             free(wbuf);
         }
     }
+    free(actg);
     if (tile != tile_small) free(tile);
     return failed ? -2 : 0;
 }

@@ -361,6 +361,8 @@ def test_mul_mat_priority_formats(cs, isa, t, nth):
         _mul_mat_case(cs, t, 320 if _block(t)[0] == 32 else 512, m, 1, (1, 1), (1, 1), nth, False, rng)
     if _block(t)[0] == 32:
         _mul_mat_case(cs, t, 96, 5, 1, (1, 1), (1, 1), nth, False, rng)  # K not a multiple of 64
+    for n in (2, 9, 16):  # batched decoding: up to 8 rows per pass over a weight row (csimd_quant_batch.h)
+        _mul_mat_case(cs, t, 640 if _block(t)[0] == 32 else 768, 21, n, (1, 1), (1, 1), nth, False, rng)
     _mul_mat_case(cs, t, 256, 5, 70, (2, 1), (4, 3), nth, True, rng)  # broadcast over dims 2/3, > one tile, permuted
 
 
@@ -676,9 +678,9 @@ def test_lora_gradient_through_frozen_quantized_weight(cs, t):
 
 @pytest.mark.parametrize("wt", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K])
 def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
-    """Up to 16 activation rows (csrc QM_DIRECT: batched decoding, where Q4_0/Q5_0/Q8_0 take two rows per
-    pass), each row's products are bit for bit those of that row alone, whatever rows share the call;
-    expected values: the single-row calls."""
+    """Up to 16 activation rows (csrc QM_DIRECT: batched decoding, each weight row unpacked once for up to 8
+    rows in csimd_quant_batch.h), each row's products are bit for bit those of that row alone, whatever rows
+    share the call; expected values: the single-row calls."""
     if "csimd" not in {b.name for b in pc.backends() if b.available}:
         pytest.skip("the csimd extension is not built")
     rng = np.random.default_rng(5)
@@ -795,3 +797,25 @@ def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
     for n in (2, 5, 16):
         got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
         np.testing.assert_array_equal(got, alone[:n], err_msg=f"{n} rows on {isa}")
+
+
+@pytest.mark.parametrize("t", PRIORITY, ids=lambda t: t.name)
+@pytest.mark.parametrize("nth", (1, 2))
+def test_batched_rows_bit_for_bit_as_alone_every_path(cs, isa, t, nth):
+    """The same on every ISA path and thread count, straight through the C entry point, for the shapes the
+    batched kernels cut differently: K of 5 groups of 128 (Gemma 3's 640) and K = 64 (mod 128) for the 32-value
+    formats, 4 super-blocks for the K-quants; 1 to 16 rows (passes of 8 and a remainder), 4-row passes of
+    weight rows and a remainder; rows of zeros and of one huge value beside ordinary ones."""
+    rng = np.random.default_rng(int(t) + 11 * nth)
+    be, _ = _block(t)
+    for K in ((640, 576) if be == 32 else (1024,)):
+        M = 23
+        w = random_blocks(t, M * K // be, rng)
+        x = rng.standard_normal((16, K)).astype(np.float32)
+        x[3] = 0.0
+        x[6, 5] = 1e4  # one block's scale far from the others'
+        alone = np.concatenate([c_mul_mat(cs, t, w, (K, M, 1, 1), x[i:i + 1].reshape(1, 1, 1, K), nth).reshape(1, M)
+                                for i in range(16)])
+        for n in (2, 4, 7, 8, 9, 16):
+            got = c_mul_mat(cs, t, w, (K, M, 1, 1), x[:n].reshape(1, 1, n, K), nth).reshape(n, M)
+            np.testing.assert_array_equal(got, alone[:n], err_msg=f"K={K}, {n} rows")
