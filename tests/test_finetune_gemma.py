@@ -37,9 +37,15 @@ def step0_losses(model, n: int) -> tuple[TokenWindows, list[float]]:
     return ds, losses
 
 
-# (backend, cache type, fused attention, relative bound). numba multiplies the exact dequantized weights: with
-# an F32 cache and llama.cpp's unfused attention the inference graph is the training graph's arithmetic
-# (measured 3e-8, float32 rounding); the F16 cache and FLASH_ATTN_EXT round K, V and the scores (1.2e-5).
+# (backend, cache type, fused attention, relative bound). numba quantizes every product's activations as ggml
+# does, at any row count, and its products do not depend on the rows beside them: with an F32 cache and
+# llama.cpp's unfused attention the inference graph is the training graph's arithmetic row for row (float32
+# rounding). The F16 cache and FLASH_ATTN_EXT round K, V and the scores (1.2e-5 when numba's many-row products
+# were exact); through the Q8 activations that difference makes the two losses independent draws of the
+# quantization noise (chaotic, as on csimd below): measured 0.9% apart on window 0 and 3.3% on window 1. One
+# draw spreads by about 1.6% sd over nudged copies of the model (csimd and llama.cpp alike, below), two
+# independent draws by about 2.3% sd, so this case's bound is 3 sd, 7%: it still catches a wrong mask, cache
+# or attention, which move the loss by tens of percent.
 # csimd quantizes each product's activations to Q8_0/Q8_K as ggml's CPU does, and on Gemma 3 270M that is
 # chaotic: a 1e-7 difference anywhere flips a Q8 rounding, and 18 layers compound the flips into a new draw of
 # the quantization noise (logits 0.5 rms apart). perplexity evaluates window + 1 token, 65 rows: csimd's AVX
@@ -53,7 +59,7 @@ def step0_losses(model, n: int) -> tuple[TokenWindows, list[float]]:
 # 4.578 +- 0.076 on csimd AVX-512, 4.603 +- 0.073 scalar, 4.611 +- 0.053 llama.cpp 0.3.36 (F32 cache,
 # unfused, as here; the unnudged file 4.5621 there, 4.6340 with an F16 cache, 4.6494 with flash attention):
 # Q8 activations lower this window's loss by about 1%, by ggml's arithmetic, not csimd's.
-CASES = [("numba", "f32", False, 1e-6), ("numba", "f16", True, 1e-4), ("csimd", "f32", False, 3e-2)]
+CASES = [("numba", "f32", False, 1e-6), ("numba", "f16", True, 7e-2), ("csimd", "f32", False, 3e-2)]
 
 
 @pytest.mark.slow
