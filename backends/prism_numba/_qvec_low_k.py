@@ -6,7 +6,9 @@ multiplied by its sub-block's integer scale. Q2_K's values are 0..3 with a min p
 back as ``dmin * sum_j min_j * (sum of sub-block j's activations)``, from per-16 activation sums (``xb``).
 Q3_K's values are 2 low bits and a high bit, the value ``low + 4 * high - 4``: the unsigned ``low + 4 * high``
 (0..7) goes to the products and the 4 comes back through the lanes' start values (``xc``: -4 times each four
-activations' sum), then the signed 6-bit scale multiplies the lane. All integer sums are exact; per
+activations' sum), then the signed 6-bit scale multiplies the lane; on AVX2, ggml's sign trick instead (the
+value's magnitude times the activation with its sign: Q8_K's values are within +-127) and the scales applied
+in ``vpmaddwd``, no 32-bit multiply. All integer sums are exact; per
 super-block one horizontal sum and ggml's float32 scaling.
 """
 
@@ -16,10 +18,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ._qvec import F32, I8, I32, I64, _concat, _const, _dpbusd, _f16, _hsum, _load, _ptr, _shuffle, vec
+from . import _qvec as V
+from ._qvec import F32, I8, I16, I32, I64, _concat, _const, _dpbusd, _f16, _hsum, _load, _ptr, _shuffle, vec
 
-#: bytes of a super-block, and the offsets of its parts
-Q2_K_BYTES, Q3_K_BYTES = 84, 110
 _ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
 
 
@@ -29,7 +30,7 @@ def _two_bits(b: ir.IRBuilder, q) -> list:
 
 
 def _q3_k_scales(b: ir.IRBuilder, s) -> ir.Value:
-    """Q3_K's 16 signed scales (16 x i32, each 6-bit value - 32) from its 12 scale bytes (the last 12 of the
+    """Q3_K's 16 signed scales (16 x i8, each 6-bit value - 32) from its 12 scale bytes (the last 12 of the
     16 bytes s, loaded from 4 bytes before them so as not to read past the block): scale k has its low
     4 bits in the nibbles of bytes 0..7 (the low nibbles for k < 8, the high for 8..15, byte k % 8) and
     its top 2 bits in bits 2 * (k // 4) of byte 8 + k % 4."""
@@ -38,7 +39,26 @@ def _q3_k_scales(b: ir.IRBuilder, s) -> ir.Value:
     low = b.and_(b.lshr(low, ir.Constant(vec(I32, 16), [0] * 8 + [4] * 8)), _const(I32, 16, 0xF))
     top = _shuffle(b, s32, s32, [8, 9, 10, 11] * 4)
     top = b.and_(b.lshr(top, ir.Constant(vec(I32, 16), [2 * (k // 4) for k in range(16)])), _const(I32, 16, 3))
-    return b.sub(b.or_(low, b.shl(top, _const(I32, 16, 4))), _const(I32, 16, 32))
+    return b.trunc(b.sub(b.or_(low, b.shl(top, _const(I32, 16, 4))), _const(I32, 16, 32)), vec(I8, 16))
+
+
+def _lane_scales(b: ir.IRBuilder, sc, first: int) -> ir.Value:
+    """16 x i32: the scales sc[first:first + 4] (16 x i8, signed), each for four lanes (16 values)."""
+    return b.sext(_shuffle(b, sc, sc, [first + i // 4 for i in range(16)]), vec(I32, 16))
+
+
+def _scaled_dot(b: ir.IRBuilder, u, s, sc, first: int) -> ir.Value:
+    """16 int32 lanes: lane i is scale sc[first + i // 4] (sc: 16 x i8, signed) times the sum of the four products
+    u * s of lane i (64 unsigned and 64 signed bytes). On AVX2 the int16 pair sums of ``vpmaddubsw`` are multiplied
+    by the scales in ``vpmaddwd`` (no 32-bit multiply; the pairs do not saturate: |u| <= 7 here); elsewhere the
+    lanes of ``_dpbusd`` are."""
+    if V.MODE != "avx2":
+        return b.mul(_dpbusd(b, _ZERO16, u, s), _lane_scales(b, sc, first))
+    sc16 = b.sext(_shuffle(b, sc, sc, [first + i // 8 for i in range(32)]), vec(I16, 32))
+    halves = zip(V._halves(b, u), V._halves(b, s))
+    pairs = [V._x86(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), x, y) for x, y in halves]
+    lanes = [V._x86(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), p, c) for p, c in zip(pairs, V._halves(b, sc16))]
+    return _concat(b, *lanes)
 
 
 def low_k_superblocks(fmt: str, cols: int):
@@ -63,7 +83,7 @@ def low_k_superblocks(fmt: str, cols: int):
                 return b.add(wo_, ir.Constant(I64, off))
             if fmt == "Q2_K":  # scales[16] (low nibble scale, high nibble min), qs[64], d, dmin
                 sb = _load(context, b, wty, w_, wo_, vec(I8, 16))
-                sc = b.zext(b.and_(sb, _const(I8, 16, 0xF)), vec(I32, 16))
+                sc = b.and_(sb, _const(I8, 16, 0xF))
                 mn = b.zext(b.lshr(sb, _const(I8, 16, 4)), vec(I32, 16))
                 qs, dw_at = 16, 80
             else:  # hmask[32], qs[64], scales[12], d
@@ -79,14 +99,18 @@ def low_k_superblocks(fmt: str, cols: int):
                                         _const(I8, 32, 2))) for j, f in enumerate(v)]
                 for g in range(2):  # values 128n + 64g + [0, 64): sub-blocks 8n + 4g + [0, 4), four lanes each
                     u = _concat(b, v[2 * g], v[2 * g + 1])
-                    scg = _shuffle(b, sc, sc, [8 * n + 4 * g + i // 4 for i in range(16)])
+                    first = 8 * n + 4 * g
                     for c in range(cols):
                         xi = b.add(xi0[c], ir.Constant(I64, 128 * n + 64 * g))
                         s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                        start = _ZERO16
-                        if fmt == "Q3_K":
+                        if fmt == "Q2_K":
+                            acc[c] = b.add(acc[c], _scaled_dot(b, u, s, sc, first))
+                        elif V.MODE == "avx2":  # the signed values by the sign trick: no offset
+                            su, ss = V._sign_trick(b, b.sub(u, _const(I8, 64, 4)), s)
+                            acc[c] = b.add(acc[c], _scaled_dot(b, su, ss, sc, first))
+                        else:
                             start = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                        acc[c] = b.add(acc[c], b.mul(_dpbusd(b, start, u, s), scg))
+                            acc[c] = b.add(acc[c], b.mul(_dpbusd(b, start, u, s), _lane_scales(b, sc, first)))
             dw = _f16(context, b, wty, w_, at(dw_at))
             out = []
             for c in range(cols):
