@@ -13,6 +13,7 @@ from numba import njit, prange
 
 from ._fdot import dot1
 from ._jit import _OPTS, ld, row_index, st
+from ._jit_fast import cv32
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -87,13 +88,15 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
     for r in prange(nb * hk * nkv):
         b, h, j = row_index(r, nkv, hk)
         if live[j]:
+            kr, ko = k[b, h, j], kf[r * nd:(r + 1) * nd]
             for d in range(nd):
-                kf[r * nd + d] = np.float32(ld(k, lk, b, h, j, d))
+                ko[d] = cv32(kr[d], lk)
     for r in prange(nb * hv * nkv):
         b, h, j = row_index(r, nkv, hv)
         if live[j]:
+            vr, vo = v[b, h, j], vf[r * ndv:(r + 1) * ndv]
             for d in range(ndv):
-                vf[r * ndv + d] = np.float32(ld(v, lv, b, h, j, d))
+                vo[d] = cv32(vr[d], lv)
     for r in prange(nb * nh * nq):
         b, h, iq = row_index(r, nq, nh)
         k0 = (b * hk + h // gk) * nkv
@@ -125,9 +128,9 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
                 mx = s
             p = np.exp(s - mx)
             den += p
-            vo = (v0 + j) * ndv
+            vrow = vf[(v0 + j) * ndv:(v0 + j + 1) * ndv]  # a row view: indices from range(), so LLVM vectorises
             for d in range(ndv):
-                acc[d] += p * vf[vo + d]
+                acc[d] += p * vrow[d]
         if has_sinks:
             sk = np.float64(sinks[0, 0, 0, h])
             if sk > mx:
