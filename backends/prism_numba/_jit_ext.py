@@ -51,6 +51,13 @@ def rope(x, lx, o, kind, pos, which, inv_freq, ff, mix, first, second, freq_scal
 
 
 # ------------------------------------------------------------------ attention
+@njit(inline="always", **_OPTS)
+def _to_f32(src, lut, out):
+    """out := the row src as float32 (F16/BF16 bits through lut); out is a row view (see flash_attn)."""
+    for d in range(out.shape[0]):
+        out[d] = cv32(src[d], lut)
+
+
 @njit(parallel=True, **_OPTS)
 def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_mask, has_sinks):
     """o[b, iq, h, :] = softmax_kv(s) @ v with s = scale q.k (softcapped) + slope * mask, one
@@ -85,18 +92,16 @@ def flash_attn(q, k, lk, v, lv, mask, lm, sinks, o, slopes, scale, softcap, has_
             live[j] = seen
     kf = np.empty(nb * hk * nkv * nd, np.float32)
     vf = np.empty(nb * hv * nkv * ndv, np.float32)
-    for r in prange(nb * hk * nkv):
-        b, h, j = row_index(r, nkv, hk)
-        if live[j]:
-            kr, ko = k[b, h, j], kf[r * nd:(r + 1) * nd]
-            for d in range(nd):
-                ko[d] = cv32(kr[d], lk)
-    for r in prange(nb * hv * nkv):
-        b, h, j = row_index(r, nkv, hv)
-        if live[j]:
-            vr, vo = v[b, h, j], vf[r * ndv:(r + 1) * ndv]
-            for d in range(ndv):
-                vo[d] = cv32(vr[d], lv)
+    nkr = nb * hk * nkv
+    for r in prange(nkr + nb * hv * nkv):  # K's rows, then V's
+        if r < nkr:
+            b, h, j = row_index(r, nkv, hk)
+            if live[j]:
+                _to_f32(k[b, h, j], lk, kf[r * nd:(r + 1) * nd])
+        else:
+            b, h, j = row_index(r - nkr, nkv, hv)
+            if live[j]:
+                _to_f32(v[b, h, j], lv, vf[(r - nkr) * ndv:(r - nkr + 1) * ndv])
     for r in prange(nb * nh * nq):
         b, h, iq = row_index(r, nq, nh)
         k0 = (b * hk + h // gk) * nkv
