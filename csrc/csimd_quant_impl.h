@@ -1049,30 +1049,35 @@ QATTR static inline uint16_t FN(q_f16_bits)(const uint8_t *p) {
     return h;
 }
 
+/* the four blocks at b + pf (the rows a few passes ahead) prefetched to L2 */
+QATTR static inline void FN(q_b32_prefetch)(const int t, const uint8_t *b, const int64_t pf) {
+    _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+    _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
+    if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+}
+
 /* the scales of the n (2 or 4) 32-value blocks at b (block bytes bb) in lanes 0..n-1 (fp16 at byte 0, MXFP4's
-   E8M0 halved); with pf, the same bytes pf further on prefetched to L2 (the rows a few passes ahead) */
+   E8M0 halved) */
 QATTR static inline __attribute__((always_inline)) __m512 FN(q_b32_scales)(const int t, const uint8_t *b,
-                                                                          const int64_t bb, const int n,
-                                                                          const int64_t pf) {
-    if (pf) {
-        _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-        _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
-        if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+                                                                          const int64_t bb, const int n) {
+    if (t == Q_MXFP4) { /* q_e8m0_half of each: the float 2^(e - 128), subnormal for e < 2 */
+        const uint32_t ee = (uint32_t)b[0] | (uint32_t)b[bb] << 8 | (n > 2 ? (uint32_t)b[2 * bb] << 16 | (uint32_t)b[3 * bb] << 24 : 0);
+        const __m128i e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ee));
+        const __m128i bits = _mm_mask_blend_epi32(_mm_cmplt_epu32_mask(e, _mm_set1_epi32(2)),
+                                                  _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23),
+                                                  _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e));
+        return _mm512_castps128_ps512(_mm_castsi128_ps(bits));
     }
-    if (t == Q_MXFP4)
-        return _mm512_castps128_ps512(_mm_set_ps(n > 2 ? q_e8m0_half(b[3 * bb]) : 0.0f, n > 2 ? q_e8m0_half(b[2 * bb]) : 0.0f,
-                                                 q_e8m0_half(b[bb]), q_e8m0_half(b[0])));
     uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16;
     if (n > 2) hh |= (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
     return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
 }
 
-/* Q4_1/Q5_1: the mins of the n (2 or 4) blocks at b in the even lanes of 8, zeros between (the odd groups of 16
-   of the activation's gsum hold 0: the block's s sits on its first group) */
-QATTR static inline __m256 FN(q_b32_mins)(const uint8_t *b, const int64_t bb, const int n) {
-    const uint64_t lo = (uint64_t)FN(q_f16_bits)(b + 2) | (uint64_t)FN(q_f16_bits)(b + bb + 2) << 32;
-    const uint64_t hi = n > 2 ? (uint64_t)FN(q_f16_bits)(b + 2 * bb + 2) | (uint64_t)FN(q_f16_bits)(b + 3 * bb + 2) << 32 : 0;
-    return _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+/* Q4_1/Q5_1: the scale and min of the n (2 or 4) blocks at b (adjacent fp16s), [d0, m0, d1, m1, ...], zeros past n */
+QATTR static inline __m256 FN(q_b32_dmins)(const uint8_t *b, const int64_t bb, const int n) {
+    uint32_t p[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) memcpy(&p[i], b + i * bb, 4);
+    return _mm256_cvtph_ps(_mm_set_epi32((int)p[3], (int)p[2], (int)p[1], (int)p[0]));
 }
 
 QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
@@ -1080,8 +1085,10 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
                                                                         float *out, const int64_t pf) {
     const int64_t bb = q_block_bytes(t);
     const int nb_shift = Q_W32_NB_SHIFT(t);
-    const __m512i blk0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i blk1 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    const int st = Q_W32_MINS(t) ? 2 : 1; /* block i's scale in lane st * i of wd (Q4_1/Q5_1: d and min in pairs) */
+    const __m512i blk0 = _mm512_set_epi32(st, st, st, st, st, st, st, st, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i blk1 = _mm512_set_epi32(3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st,
+                                          2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st);
     __m512 acc[4];
     __m256 accm[4]; /* Q4_1/Q5_1: min * s per block */
     for (int r = 0; r < R; r++) {
@@ -1101,13 +1108,19 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            const __m512 wd = FN(q_b32_scales)(t, b, bb, 4, pf);
+            if (pf) FN(q_b32_prefetch)(t, b, pf);
+            __m512 wd;
+            if (Q_W32_MINS(t)) { /* the mins times the blocks' s (gsum's first group of each block; 0 the second) */
+                const __m256 dm = FN(q_b32_dmins)(b, bb, 4);
+                wd = _mm512_castps256_ps512(dm);
+                accm[r] = _mm256_mask3_fmadd_ps(dm, _mm256_moveldup_ps(_mm256_loadu_ps(a->gsum + k / 16)), accm[r], 0xAA);
+            } else {
+                wd = FN(q_b32_scales)(t, b, bb, 4);
+            }
             const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
             const __m512i p1 = _mm512_dpbusd_epi32(n1, FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb), a1);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_mul_ps(_mm512_permutexvar_ps(blk1, wd), s1), acc[r]);
-            if (Q_W32_MINS(t))
-                accm[r] = _mm256_fmadd_ps(FN(q_b32_mins)(b, bb, 4), _mm256_loadu_ps(a->gsum + k / 16), accm[r]);
         }
     }
     if (k < K) { /* 64 left */
@@ -1119,12 +1132,17 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            const __m512 wd = FN(q_b32_scales)(t, b, bb, 2, 0);
+            __m512 wd;
+            if (Q_W32_MINS(t)) { /* gsum's 4 groups of these 2 blocks, the lanes past them 0 */
+                const __m256 dm = FN(q_b32_dmins)(b, bb, 2);
+                wd = _mm512_castps256_ps512(dm);
+                accm[r] = _mm256_mask3_fmadd_ps(dm, _mm256_moveldup_ps(_mm256_zextps128_ps256(_mm_loadu_ps(a->gsum + k / 16))),
+                                                accm[r], 0xAA);
+            } else {
+                wd = FN(q_b32_scales)(t, b, bb, 2);
+            }
             const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
-            if (Q_W32_MINS(t)) /* gsum's 4 groups of these 2 blocks, the 4 lanes past them times 0 */
-                accm[r] = _mm256_fmadd_ps(FN(q_b32_mins)(b, bb, 2),
-                                          _mm256_zextps128_ps256(_mm_loadu_ps(a->gsum + k / 16)), accm[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]) + (Q_W32_MINS(t) ? q_hsum256_avx512y(accm[r]) : 0.0f);
