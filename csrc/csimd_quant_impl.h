@@ -761,6 +761,16 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
     default: FN(fn)(t, wr, 1, K, a, out, pf); break;    \
     }
 
+/* the cases of a switch over the 32-value formats, each calling fn with its type a constant */
+#define Q_GEMV_B32_CASES(fn, wr, R, K, a, out, pf)                                                           \
+    case Q_Q4_0: Q_GEMV_ROWS(fn, Q_Q4_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q4_1: Q_GEMV_ROWS(fn, Q_Q4_1, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q5_0: Q_GEMV_ROWS(fn, Q_Q5_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q5_1: Q_GEMV_ROWS(fn, Q_Q5_1, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q8_0: Q_GEMV_ROWS(fn, Q_Q8_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_IQ4_NL: Q_GEMV_ROWS(fn, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;                                 \
+    case Q_MXFP4: Q_GEMV_ROWS(fn, Q_MXFP4, wr, R, K, a, out, pf) return 1;
+
 #if ISA_LEVEL == 1
 /* acc + the sums of each four adjacent products u * s (unsigned u, signed s bytes), for inputs whose pair
    sums fit int16 (maddubs saturates there; callers pass |w| and a with w's sign, or small unsigned
@@ -1148,20 +1158,14 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]) + (Q_W32_MINS(t) ? q_hsum256_avx512y(accm[r]) : 0.0f);
 }
 
-/* out[r] = wr[r] . a for R (1..4) rows of K elements (Q4_0, Q5_0, Q8_0: K a multiple of 64; Q4_K, Q6_K);
-   0: not handled here */
+/* out[r] = wr[r] . a for R (1..4) rows of K elements (the 32-value formats: K a multiple of 64 here, else
+   csimd_quant_avx512.h's 256-bit kernels; the K-quants and IQ4_XS); 0: not handled here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
                               int64_t pf) {
     const int64_t nsb = K / 256;
     if (K % 64 == 0) {
         switch (t) {
-        case Q_Q4_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_0, wr, R, K, a, out, pf) return 1;
-        case Q_Q4_1: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_1, wr, R, K, a, out, pf) return 1;
-        case Q_Q5_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_0, wr, R, K, a, out, pf) return 1;
-        case Q_Q5_1: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_1, wr, R, K, a, out, pf) return 1;
-        case Q_Q8_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1;
-        case Q_IQ4_NL: Q_GEMV_ROWS(q_gemv_b32_r, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;
-        case Q_MXFP4: Q_GEMV_ROWS(q_gemv_b32_r, Q_MXFP4, wr, R, K, a, out, pf) return 1;
+        Q_GEMV_B32_CASES(q_gemv_b32_r, wr, R, K, a, out, pf)
         default: break;
         }
     }
@@ -1509,6 +1513,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 #undef QM_DIRECT
 #undef Q_DIRECT_ROWS
 #undef Q_GEMV_ROWS
+#undef Q_GEMV_B32_CASES
 #undef QV
 #undef QVF
 #undef QV16
