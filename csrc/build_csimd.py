@@ -58,7 +58,7 @@ def make_ffi(sanitize: bool | None = None, openmp: bool | None = None, relative:
                    depends=[str(src_dir / n) for n in ("csimd.h", "csimd_common.h", "csimd_impl.h", "csimd_attn.h",
                                                        "csimd_rope.h", "csimd_pool.h", "csimd_quant.h",
                                                        "csimd_quant_impl.h", "csimd_quant_api.h", "csimd_iq_tables.h",
-                                                        "csimd_quant_batch.h",
+                                                        "csimd_quant_batch.h", "csimd_quant_batch_avx2.h",
                                                         "csimd_quantize_k3iq4.h", "csimd_quantize_weighted.h",
                                                         "csimd_quantize_grid.h", "csimd_quantize_rows.h",
                                                         "csimd_quantize_x86.h",
