@@ -134,10 +134,9 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
    of Q2_K/Q4_K/Q5_K pair with the activation's integer group sums (isum), as ggml's bsums. One row at a time:
    its blocks are one forward stream for the hardware prefetcher. */
 
-/* Each K-quant below comes in two forms with the same integer results (exact) and the same float operations
-   per (weight row, activation row) pair: a streaming dot (matrix-vector: each 32 values unpacked, multiplied
-   and summed at once, few registers live) and an unpacked super-block (batched decoding: unpacked once per
-   weight row into 8 value vectors and their 8 scale vectors, then used for every activation row). */
+/* The K-quants' dots stream: each 32 values unpacked, multiplied and summed at once, few registers live
+   (unpacking a super-block first kept 16 vectors live, and they were spilled). The batched kernels
+   (csimd_quant_batch_avx2.h) use the same unpacking per vector for several activation rows. */
 
 /* Q4_K and Q5_K (five): sub-block j of 32 has a 6-bit scale and min (q_k4_scales_mins); unsigned values
    <= 31. The head: fp16 (d, dmin) in *dw, the 8 mins as int16 in *mins, the 8 scales as int16 in both lanes. */
@@ -175,27 +174,6 @@ QATTR static inline __attribute__((always_inline)) __m256i FN(q_k45_dot)(const i
         const __m256i p = _mm256_maddubs_epi16(FN(q_k45_w)(five, v, qh, j / 2, j % 2),
                                                _mm256_loadu_si256((const __m256i *)(aq + 32 * j)));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[j]))));
-    }
-    return sumi;
-}
-
-/* the same super-block unpacked: w[j] sub-block j's values, s[j] its scale in every int16 lane */
-QATTR static inline __attribute__((always_inline)) void FN(q_k45_unpack)(const int five, const uint8_t *b, __m256i sc,
-                                                                        __m256i *w, __m256i *s) {
-    const __m256i qh = Q_K45_QH(b, five);
-    for (int j = 0; j < 8; j++) {
-        w[j] = FN(q_k45_w)(five, _mm256_loadu_si256((const __m256i *)(Q_K45_QS(b, five) + 32 * (j / 2))), qh, j / 2, j % 2);
-        s[j] = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[j]));
-    }
-}
-
-/* q_k45_dot on an unpacked super-block */
-QATTR static inline __attribute__((always_inline)) __m256i FN(q_k8_dot)(const __m256i *w, const __m256i *s,
-                                                                       const int8_t *aq) {
-    __m256i sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
-        const __m256i p = _mm256_maddubs_epi16(w[j], _mm256_loadu_si256((const __m256i *)(aq + 32 * j)));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s[j]));
     }
     return sumi;
 }
@@ -318,33 +296,6 @@ QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot)(const i
                                                    _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i)));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, Q_K16_S(sc, i)));
         }
-    }
-    return sumi;
-}
-
-/* the same super-block unpacked: u[4h + i] the values, s[4h + i] their scales, *scv the 16 scales */
-QATTR static inline __attribute__((always_inline)) void FN(q_k16_unpack)(const int t, const uint8_t *b, __m256i *u,
-                                                                        __m256i *s, __m256i *scv) {
-    *scv = FN(q_k16_scv)(t, b);
-    for (int h = 0; h < 2; h++) {
-        const __m256i sc = Q_K16_HALF(*scv, h);
-        Q_K16_LOADS(t, b, h, x0, x1, x2);
-        for (int i = 0; i < 4; i++) {
-            u[4 * h + i] = FN(q_k16_u)(t, x0, x1, x2, h, i);
-            s[4 * h + i] = Q_K16_S(sc, i);
-        }
-    }
-}
-
-/* q_k16_dot on an unpacked super-block */
-QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot_u)(const int t, const __m256i *u,
-                                                                          const __m256i *s, __m256i scv,
-                                                                          const int8_t *aq, const int16_t *isum) {
-    const __m256i t0 = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)isum));
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t0, Q_K16_SHIFT(t)));
-    for (int i = 0; i < 8; i++) {
-        const __m256i p = _mm256_maddubs_epi16(u[i], _mm256_loadu_si256((const __m256i *)(aq + 32 * i)));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s[i]));
     }
     return sumi;
 }

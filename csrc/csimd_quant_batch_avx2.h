@@ -40,7 +40,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_b32_row)(const in
     for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum256)(acc[j]) + 0.0f; /* + q_gemv_b32_r's (zero) min part */
 }
 
-/* Q4_K: q_gemv_q45k_r's operations for one weight row against N activation rows */
+/* Q4_K: q_gemv_q45k_r's operations for one weight row against N activation rows; each vector of values and its
+   scales made once, then multiplied into every row's integer sum (the same exact sums as q_k45_dot's) */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
@@ -54,22 +55,34 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const ui
         const uint8_t *b = w + 144 * ib;
         if (pf)
             for (int l = 0; l < 144; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
-        __m256i wq[8], s[8];
         __m128i mins;
         __m128 dw;
-        FN(q_k45_unpack)(0, b, FN(q_k45_head)(b, &mins, &dw), wq, s);
+        const __m256i sc = FN(q_k45_head)(b, &mins, &dw);
+        __m256i sumi[Q2B_ROWS];
+        for (int j = 0; j < N; j++) sumi[j] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; v++) {
+            const __m256i wv = FN(q_k45_w)(0, _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (v / 2))),
+                                           _mm256_setzero_si256(), v / 2, v % 2);
+            const __m256i sv = _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[v]));
+#pragma GCC unroll 8
+            for (int j = 0; j < Q2B_ROWS; j++) {
+                if (j >= N) break;
+                const __m256i p = _mm256_maddubs_epi16(wv, _mm256_loadu_si256((const __m256i *)(a[j]->q + 256 * ib + 32 * v)));
+                sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, sv));
+            }
+        }
 #pragma GCC unroll 8
         for (int j = 0; j < Q2B_ROWS; j++) {
             if (j >= N) break;
-            FN(q_k45_step)(FN(q_k8_dot)(wq, s, a[j]->q + 256 * ib), mins, FN(q_k8_bsums)(a[j]->isum + 16 * ib), dw,
-                           a[j]->ls[64 * ib], &acc[j], &accm[j]);
+            FN(q_k45_step)(sumi[j], mins, FN(q_k8_bsums)(a[j]->isum + 16 * ib), dw, a[j]->ls[64 * ib], &acc[j], &accm[j]);
         }
     }
     for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum256)(acc[j]) - FN(q_hsum128)(accm[j]);
 }
 
-/* Q6_K: q_gemv_k16_r's operations for one weight row against N activation rows, four activation rows' integer
-   sums reduced together (lane j of the four, as lane r of the weight rows there) */
+/* Q6_K: q_gemv_k16_r's operations for one weight row against N activation rows (each vector made once, as
+   above), four activation rows' integer sums reduced together (lane j of the four, as lane r of the weight
+   rows there) */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
@@ -79,23 +92,39 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const ui
         const uint8_t *b = w + 210 * ib;
         if (pf)
             for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
-        __m256i u[8], s[8], scv;
-        FN(q_k16_unpack)(Q_Q6_K, b, u, s, &scv);
+        const __m256i scv = FN(q_k16_scv)(Q_Q6_K, b);
+        __m256i sumi[Q2B_ROWS];
+#pragma GCC unroll 8
+        for (int j = 0; j < Q2B_ROWS; j++) {
+            if (j >= N) break;
+            const __m256i t0 = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)(a[j]->isum + 16 * ib)));
+            sumi[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t0, Q_K16_SHIFT(Q_Q6_K)));
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = Q_K16_HALF(scv, h);
+            Q_K16_LOADS(Q_Q6_K, b, h, x0, x1, x2);
+            for (int i = 0; i < 4; i++) {
+                const __m256i u = FN(q_k16_u)(Q_Q6_K, x0, x1, x2, h, i), sv = Q_K16_S(sc, i);
+#pragma GCC unroll 8
+                for (int j = 0; j < Q2B_ROWS; j++) {
+                    if (j >= N) break;
+                    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a[j]->q + 256 * ib + 128 * h + 32 * i)));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, sv));
+                }
+            }
+        }
         const __m128 dw = _mm_set1_ps(FN(q_h2f)(b + 208));
 #pragma GCC unroll 2
         for (int g = 0; g < Q2B_ROWS / 4; g++) {
             if (4 * g >= N) break;
-            __m256i sumi[4];
             float dy[4];
-#pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
-                const int j = 4 * g + i;
-                sumi[i] = j < N ? FN(q_k16_dot_u)(Q_Q6_K, u, s, scv, a[j]->q + 256 * ib, a[j]->isum + 16 * ib)
-                                : _mm256_setzero_si256();
-                dy[i] = j < N ? a[j]->ls[64 * ib] : 0.0f;
+                dy[i] = 4 * g + i < N ? a[4 * g + i]->ls[64 * ib] : 0.0f;
+                if (4 * g + i >= N) sumi[4 * g + i] = _mm256_setzero_si256();
             }
             const __m128 d = _mm_mul_ps(dw, _mm_loadu_ps(dy));
-            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(FN(q_hsum4_epi32)(sumi[0], sumi[1], sumi[2], sumi[3])), d, acc[g]);
+            const __m128i s4 = FN(q_hsum4_epi32)(sumi[4 * g], sumi[4 * g + 1], sumi[4 * g + 2], sumi[4 * g + 3]);
+            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc[g]);
         }
     }
     float o[Q2B_ROWS];
