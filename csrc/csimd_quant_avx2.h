@@ -248,6 +248,13 @@ QATTR static inline __m128i FN(q_k3_scales)(const uint8_t *s) {
     return _mm_sub_epi8(o, _mm_set1_epi8(32));
 }
 
+/* the start of a super-block's integer sum for values stored as q + 2^shift: -2^shift * sum_g s_g * isum_g (scv:
+   the 16 group scales, isum: the activation's 16 group sums) */
+QATTR static inline __m256i FN(q_k_offset_start)(__m256i scv, const int16_t *isum, int shift) {
+    const __m256i t = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)isum));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, shift));
+}
+
 /* the 16 scales of a Q6_K or Q3_K super-block as int16 */
 QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_scv)(const int t, const uint8_t *b) {
     return _mm256_cvtepi8_epi16(t == Q_Q6_K ? _mm_loadu_si128((const __m128i *)(b + 192)) : FN(q_k3_scales)(b + 96));
@@ -286,8 +293,7 @@ QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_u)(const int
 QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot)(const int t, const uint8_t *b,
                                                                         const int8_t *aq, const int16_t *isum) {
     const __m256i scv = FN(q_k16_scv)(t, b);
-    const __m256i t0 = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)isum));
-    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t0, Q_K16_SHIFT(t)));
+    __m256i sumi = FN(q_k_offset_start)(scv, isum, Q_K16_SHIFT(t));
     for (int h = 0; h < 2; h++) {
         const __m256i sc = Q_K16_HALF(scv, h);
         Q_K16_LOADS(t, b, h, x0, x1, x2);
@@ -378,6 +384,18 @@ QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_aro
     return FN(q_hsum256)(acc) - FN(q_hsum128)(accm);
 }
 
+/* Q3_K (or Q6_K) one row at a time (measured faster for Q3_K than 4 rows per pass): the exact integer sum
+   per super-block, one float multiply-add */
+QATTR static float FN(q_gemv_k16_row)(const int t, const uint8_t *w, int64_t nsb, const q_arow *a) {
+    float acc = 0.0f;
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const uint8_t *b = w + Q_K16_BB(t) * ib;
+        const __m256i sumi = FN(q_k16_dot)(t, b, a->q + 256 * ib, a->isum + 16 * ib);
+        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + Q_K16_D(t)), acc);
+    }
+    return acc;
+}
+
 /* IQ4_XS's 8 scales (6 bits, less 32) as int16 in both lanes: low nibbles of bytes 4..7 (sub-block 2i the low
    nibble of byte i, 2i + 1 the high one), top 2 bits from the 16-bit word at 2 (bits 2ib) */
 QATTR static inline __m256i FN(q_iq4xs_scales)(const uint8_t *b) {
@@ -428,17 +446,17 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
     case Q_Q8_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1;
     case Q_IQ4_NL: Q_GEMV_ROWS(q_gemv_b32_r, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;
     case Q_MXFP4: Q_GEMV_ROWS(q_gemv_b32_r, Q_MXFP4, wr, R, K, a, out, pf) return 1;
-    case Q_Q4_K: Q_GEMV_ROWS(q_gemv_q45k_r, 0, wr, R, K / 256, a, out, pf) return 1;
-    case Q_Q5_K: Q_GEMV_ROWS(q_gemv_q45k_r, 1, wr, R, K / 256, a, out, pf) return 1;
     case Q_Q6_K: Q_GEMV_ROWS(q_gemv_k16_r, Q_Q6_K, wr, R, K / 256, a, out, pf) return 1;
-    case Q_Q3_K: Q_GEMV_ROWS(q_gemv_k16_r, Q_Q3_K, wr, R, K / 256, a, out, pf) return 1;
-    case Q_Q2_K: case Q_IQ4_XS: break;
+    case Q_Q2_K: case Q_Q3_K: case Q_Q4_K: case Q_Q5_K: case Q_IQ4_XS: break;
     default: return 0;
     }
     const int64_t nsb = K / 256;
     for (int r = 0; r < R; r++) {
         switch (t) {
         case Q_Q2_K: out[r] = FN(q_gemv_q2k_row)(wr[r], nsb, a); break;
+        case Q_Q3_K: out[r] = FN(q_gemv_k16_row)(Q_Q3_K, wr[r], nsb, a); break;
+        case Q_Q4_K: FN(q_gemv_q45k_r)(0, wr + r, 1, nsb, a, out + r, 0); break;
+        case Q_Q5_K: FN(q_gemv_q45k_r)(1, wr + r, 1, nsb, a, out + r, 0); break;
         default: out[r] = FN(q_gemv_iq4xs_row)(wr[r], nsb, a); break;
         }
     }
