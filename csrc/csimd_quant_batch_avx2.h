@@ -40,7 +40,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_b32_row)(const in
     for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum256)(acc[j]) + 0.0f; /* + q_gemv_b32_r's (zero) min part */
 }
 
-/* Q4_K: q_gemv_q45k_r's operations for one weight row against N activation rows; each vector of values and its
+/* Q4_K: q_gemv_q45k_row's operations for one weight row against N activation rows; each vector of values and its
    scales made once, then multiplied into every row's integer sum (the same exact sums as q_k45_dot's) */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
