@@ -196,7 +196,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q_k45_step)(__m256i s
 
 /* one Q4_K or Q5_K weight row against one activation row (one row at a time: one sequential stream, measured
    faster than 4 rows per pass) */
-QATTR static float FN(q_gemv_q45k_row)(const int five, const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_q45k_row)(const int five, const uint8_t *w, int64_t nsb, const q_arow *a) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nsb; ib++) {
@@ -339,7 +339,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_k16_r)(const i
 
 /* Q2_K: 2-bit unsigned values, per group of 16 a 4-bit scale and a 4-bit min (value = d*sc*q - dmin*m); the
    groups of 32 values (128h + 32j + l: bits 2j of qs[32h + l]) are 8h + 2j (low lane) and 8h + 2j + 1 */
-QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
@@ -371,7 +371,7 @@ QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_aro
 
 /* Q3_K (or Q6_K) one row at a time (measured faster for Q3_K than 4 rows per pass): the exact integer sum
    per super-block, one float multiply-add */
-QATTR static float FN(q_gemv_k16_row)(const int t, const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_k16_row)(const int t, const uint8_t *w, int64_t nsb, const q_arow *a) {
     float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + Q_K16_BB(t) * ib;
@@ -401,7 +401,7 @@ QATTR static inline __m256i FN(q_iq4xs_scales)(const uint8_t *b) {
 
 /* IQ4_XS: per sub-block of 32 the IQ4_NL values (pshufb), |w| times (a with w's sign) in int16 pairs, madd
    by the sub-block's scale */
-QATTR static float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
     const __m256i kv = _mm256_load_si256((const __m256i *)q_iq4nl_x2);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nsb; ib++) {
@@ -420,6 +420,13 @@ QATTR static float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_a
     return FN(q_hsum256)(acc);
 }
 
+/* Q6_K's R-row passes, a function of their own (as the one-row kernels: noinline): inlined into q_gemv_k
+   with every other format, their loops got registers allocated for the whole function and ran 8-12% slower */
+QATTR static __attribute__((noinline)) void FN(q_gemv_q6k_r)(const uint8_t *const *wr, int R, int64_t nsb,
+                                                             const q_arow *a, float *out, int64_t pf) {
+    Q_GEMV_ROWS(q_gemv_k16_r, Q_Q6_K, wr, R, nsb, a, out, pf)
+}
+
 /* out[r] = wr[r] . a for R (1..4) weight rows of K elements of type t; 0: a format without a kernel here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
                               int64_t pf) {
@@ -431,7 +438,7 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
     case Q_Q8_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1;
     case Q_IQ4_NL: Q_GEMV_ROWS(q_gemv_b32_r, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;
     case Q_MXFP4: Q_GEMV_ROWS(q_gemv_b32_r, Q_MXFP4, wr, R, K, a, out, pf) return 1;
-    case Q_Q6_K: Q_GEMV_ROWS(q_gemv_k16_r, Q_Q6_K, wr, R, K / 256, a, out, pf) return 1;
+    case Q_Q6_K: FN(q_gemv_q6k_r)(wr, R, K / 256, a, out, pf); return 1;
     case Q_Q2_K: case Q_Q3_K: case Q_Q4_K: case Q_Q5_K: case Q_IQ4_XS: break;
     default: return 0;
     }
