@@ -7,7 +7,9 @@ compiled it (its ISA is fixed at import: run again with ``PRISM_NUMBA_ISA=avx2``
 another; left out where numba is not installed), and ggml's CPU backend
 (ggml-python, as built for this machine; ``--ggml-peer avx2=PYTHON``, repeatable, adds the ggml-python of another
 interpreter as column ``ggml:avx2``, e.g. a venv built for AVX2 only as docs/isa.md shows, and ``--base`` names
-the column the ratios are taken against). GOPS (2 * k * m per product), best of ``--rounds``
+the column the ratios are taken against; ``--paths avx2`` times only the csimd paths named, ``--no-numba``
+leaves numba's column out, ``--clock cpu`` times the calling thread's CPU time, steadier on a shared
+machine). GOPS (2 * k * m per product), best of ``--rounds``
 interleaved rounds, each the mean of enough calls to fill 0.1 s. Timings depend on the machine's
 load: take them under ``flock /work/coord/bench.lock`` on a shared one.
 """
@@ -53,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ggml-peer", action="append", default=[], metavar="NAME=PYTHON",
                     help="another interpreter whose ggml-python is timed too, as column ggml:NAME")
     ap.add_argument("--base", default="ggml", help="the column the ratios are against (default: ggml)")
+    ap.add_argument("--paths", default=None,
+                    help="csimd paths to time, comma-separated (default: every one this CPU runs)")
+    ap.add_argument("--no-numba", action="store_true", help="leave numba's column out (no compile)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time each call's thread CPU time (steadier on a shared machine; one thread only)")
     args = ap.parse_args(argv)
     peers = {}
     for spec in args.ggml_peer:
@@ -65,16 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     k, m = args.k, args.m
     ops = 2.0 * k * m
     isas = _csimd_paths()
+    if args.paths is not None:
+        unknown = sorted(set(args.paths.split(",")) - set(isas))
+        if unknown:
+            ap.error(f"--paths: {', '.join(unknown)} not run by this CPU (it runs {', '.join(isas)})")
+        isas = [i for i in isas if i in args.paths.split(",")]
+    numba_col: list[str] = []
     try:
-        from prism_numba import _qvec
-        numba_col = [f"numba:{_qvec.MODE}"]
+        if not args.no_numba:
+            from prism_numba import _qvec
+            numba_col = [f"numba:{_qvec.MODE}"]
     except ImportError as e:  # numba not installed (its column is left out, said so)
         print(f"numba: not measured ({e})")
-        numba_col = []
     cols = (["ggml"] if ggml is not None else []) + list(peers) + [f"csimd:{i}" for i in isas] + numba_col
     if args.base not in cols:
         ap.error(f"--base {args.base!r} is not a column ({', '.join(cols)})")
-    print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds); ratios against {args.base}")
+    print(f"1x{k}x{m}, 1 thread, GOPS (best of {args.rounds} rounds, {args.clock} clock); ratios against {args.base}")
     print(f"{'format':<8}" + "".join(f"{c:>22}" for c in cols))
     for name in args.formats.split(","):
         t = GGMLType[name]
@@ -103,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for c, r in runners.items():
                 if isinstance(r, RemoteGgml):
-                    best[c] = max(best.get(c, 0.0), r.rate(ops))
+                    best[c] = max(best.get(c, 0.0), r.rate(ops, args.clock))
                     continue
                 if isinstance(r, tuple):
                     _set_isa(r[0])
                     r = r[1]
-                best[c] = max(best.get(c, 0.0), rate(r, ops))
+                best[c] = max(best.get(c, 0.0), rate(r, ops, args.clock))
         base = best.get(args.base)
         cells = []
         for c in cols:

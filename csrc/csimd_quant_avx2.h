@@ -134,43 +134,103 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
    of Q2_K/Q4_K/Q5_K pair with the activation's integer group sums (isum), as ggml's bsums. One row at a time:
    its blocks are one forward stream for the hardware prefetcher. */
 
-/* Q4_K and Q5_K (five): sub-block j of 32 has 6-bit scale and min (q_k4_scales_mins); unsigned values <= 31 */
-QATTR static inline __attribute__((always_inline)) float FN(q_gemv_q45k_row)(const int five, const uint8_t *w,
-                                                                            int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    const int64_t bb = five ? 176 : 144;
+/* The K-quants' dots stream: each 32 values unpacked, multiplied and summed at once, few registers live
+   (unpacking a super-block first kept 16 vectors live, and they were spilled). The batched kernels
+   (csimd_quant_batch_avx2.h) use the same unpacking per vector for several activation rows. */
+
+/* Q4_K and Q5_K (five): sub-block j of 32 has a 6-bit scale and min (q_k4_scales_mins); unsigned values
+   <= 31. The head: fp16 (d, dmin) in *dw, the 8 mins as int16 in *mins, the 8 scales as int16 in both lanes. */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k45_head)(const uint8_t *b, __m128i *mins,
+                                                                         __m128 *dw) {
+    int32_t dpair;
+    memcpy(&dpair, b, 4);
+    *dw = _mm_cvtph_ps(_mm_cvtsi32_si128(dpair));
+    const __m256i sm = FN(q_k4_scales_mins)(b + 4);
+    *mins = _mm256_extracti128_si256(sm, 1);
+    return _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+}
+
+/* sub-block 2c + hi's 32 values: the low (hi 0) or high nibbles of qs[32c ..], with Q5_K the fifth bits (bit
+   2c + hi of qh[l] is element 64c + 32hi + l's) */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k45_w)(const int five, __m256i v, __m256i qh,
+                                                                      const int c, const int hi) {
+    __m256i w = _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+    if (five)
+        w = _mm256_or_si256(w, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + hi), _mm256_set1_epi8(1)), 4));
+    return w;
+}
+
+#define Q_K45_BB(five) ((five) ? 176 : 144)
+#define Q_K45_QS(b, five) ((b) + ((five) ? 48 : 16))
+#define Q_K45_QH(b, five) ((five) ? _mm256_loadu_si256((const __m256i *)((b) + 16)) : _mm256_setzero_si256())
+
+/* the integer part of a super-block's dot: sum_j s_j * (sub-block j . aq), 8 int32 lanes (exact), streaming */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k45_dot)(const int five, const uint8_t *b, __m256i sc,
+                                                                        const int8_t *aq) {
+    const __m256i qh = Q_K45_QH(b, five);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(Q_K45_QS(b, five) + 32 * (j / 2)));
+        const __m256i p = _mm256_maddubs_epi16(FN(q_k45_w)(five, v, qh, j / 2, j % 2),
+                                               _mm256_loadu_si256((const __m256i *)(aq + 32 * j)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[j]))));
+    }
+    return sumi;
+}
+
+/* the activation's 8 sub-block sums (of 32) as int16, for the mins: isum holds sums of 16 */
+QATTR static inline __m128i FN(q_k8_bsums)(const int16_t *isum) {
+    const __m256i gs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)isum), _mm256_set1_epi16(1));
+    return _mm_packs_epi32(_mm256_castsi256_si128(gs), _mm256_extracti128_si256(gs, 1));
+}
+
+/* one (weight row, activation row) pair's super-block: acc += sumi * d * dy (per lane), accm += mins * bsums
+   * dmin * dy; the same operations wherever the pair is computed (q_gemv_q45k_row, the batched kernels) */
+QATTR static inline __attribute__((always_inline)) void FN(q_k45_step)(__m256i sumi, __m128i mins, __m128i bs,
+                                                                      __m128 dw, float dy, __m256 *acc,
+                                                                      __m128 *accm) {
+    const __m128 dd = _mm_mul_ps(dw, _mm_set1_ps(dy));
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), _mm_permute_ps(dd, 0x55), *accm);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), *acc);
+}
+
+/* one Q4_K or Q5_K weight row against one activation row (one row at a time: one sequential stream, measured
+   faster than 4 rows per pass) */
+QATTR static __attribute__((noinline)) float FN(q_gemv_q45k_row)(const int five, const uint8_t *w, int64_t nsb, const q_arow *a) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nsb; ib++) {
-        const uint8_t *b = w + bb * ib, *qs = b + (five ? 48 : 16);
-        const int8_t *aq = a->q + 256 * ib;
-        int32_t dpair;
-        memcpy(&dpair, b, 4);
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(a->ls[64 * ib]));
-        const __m256i sm = FN(q_k4_scales_mins)(b + 4);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        const __m256i gs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(a->isum + 16 * ib)),
-                                             _mm256_set1_epi16(1));
-        const __m128i bs = _mm_packs_epi32(_mm256_castsi256_si128(gs), _mm256_extracti128_si256(gs, 1));
-        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(_mm256_extracti128_si256(sm, 1), bs)),
-                            _mm_permute_ps(dd, 0x55), accm);
-        const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (five) { /* bit 2c of qh[l] is element 64c + l's fifth bit, bit 2c + 1 element 64c + 32 + l's */
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-            }
-            const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(aq + 64 * c)));
-            const __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 64 * c + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c]))));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k4_bcast[2 * c + 1]))));
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(_mm_cvtss_f32(dd)), acc);
+        const uint8_t *b = w + Q_K45_BB(five) * ib;
+        __m128i mins;
+        __m128 dw;
+        const __m256i sc = FN(q_k45_head)(b, &mins, &dw);
+        FN(q_k45_step)(FN(q_k45_dot)(five, b, sc, a->q + 256 * ib), mins, FN(q_k8_bsums)(a->isum + 16 * ib), dw,
+                       a->ls[64 * ib], &acc, &accm);
     }
     return FN(q_hsum256)(acc) - FN(q_hsum128)(accm);
+}
+
+/* Q6_K and Q3_K: 16 groups of 16 with signed 8-bit scales, stored as unsigned u = q + 2^shift (Q6_K 32, Q3_K 4):
+   sum_g s_g * (sum u*a - 2^shift * isum_g), the 2^shift * isum part by one madd of the scales and the
+   activation's group sums (not a second maddubs per vector). Vector 4h + i of a super-block: elements
+   128h + 32i .. + 32, groups 8h + 2i (low lane) and 8h + 2i + 1 (high lane). The lanes of the integer sum hold
+   parts that cancel: they are summed in integers (exact) before the float scaling. */
+#define Q_K16_BB(t) ((t) == Q_Q6_K ? 210 : 110)
+#define Q_K16_SHIFT(t) ((t) == Q_Q6_K ? 5 : 2)
+#define Q_K16_D(t) ((t) == Q_Q6_K ? 208 : 108) /* the fp16 d's offset */
+
+/* Q3_K's 16 scales (6 bits, less 32) as int8: low 4 bits from bytes 0..7 (groups 0..7 the low nibbles, 8..15
+   the high ones), the top 2 bits from bytes 8..11 (group i: bits 2 * (i / 4) of byte 8 + i % 4) */
+QATTR static inline __m128i FN(q_k3_scales)(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
+    /* built in registers (a 16-byte load of four 4-byte stores would miss store forwarding) */
+    const __m128i o = _mm_set_epi32((int)(((u[1] >> 4) & lo4) | (((u[2] >> 6) & hi2) << 4)),
+                                    (int)(((u[0] >> 4) & lo4) | (((u[2] >> 4) & hi2) << 4)),
+                                    (int)((u[1] & lo4) | (((u[2] >> 2) & hi2) << 4)),
+                                    (int)((u[0] & lo4) | ((u[2] & hi2) << 4)));
+    return _mm_sub_epi8(o, _mm_set1_epi8(32));
 }
 
 /* the start of a super-block's integer sum for values stored as q + 2^shift: -2^shift * sum_g s_g * isum_g (scv:
@@ -180,44 +240,106 @@ QATTR static inline __m256i FN(q_k_offset_start)(__m256i scv, const int16_t *isu
     return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, shift));
 }
 
-/* Q6_K: unsigned stored values u = q + 32 (<= 63) and 16 signed 8-bit scales: sum_g s_g * (sum u*a - 32 * isum_g),
-   the 32 * isum part by one madd of the scales and the activation's group sums (not a second maddubs per vector).
-   The lanes then hold parts that cancel: they are summed in integers (exact) before the one float multiply-add
-   per super-block. */
-QATTR static float FN(q_gemv_q6k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-    float acc = 0.0f;
-    for (int64_t ib = 0; ib < nsb; ib++) {
-        const uint8_t *b = w + 210 * ib;
-        const int8_t *aq = a->q + 256 * ib;
-        const __m256i scv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
-        __m256i sumi = FN(q_k_offset_start)(scv, a->isum + 16 * ib, 5);
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-            const __m256i hh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            __m256i u[4]; /* elements 128h + 32i .. + 32: groups 8h + 2i (low lane) and 8h + 2i + 1; the 2 high
-                             bits (bits 2i of hh) moved to bits 4-5 by one shift (16-bit: what crosses a byte is masked) */
-            u[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30));
-            u[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30));
-            u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hh, m30));
-            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30));
-            for (int i = 0; i < 4; i++) {
-                const __m256i av = _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i));
-                const __m256i p = _mm256_maddubs_epi16(u[i], av);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[i]))));
-            }
-        }
-        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + 208), acc);
+/* the 16 scales of a Q6_K or Q3_K super-block as int16 */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_scv)(const int t, const uint8_t *b) {
+    return _mm256_cvtepi8_epi16(t == Q_Q6_K ? _mm_loadu_si128((const __m128i *)(b + 192)) : FN(q_k3_scales)(b + 96));
+}
+
+/* the loads of half h of a super-block: Q6_K ql (x0, x1) and qh (x2); Q3_K qs (x0) and hmask (x2) */
+#define Q_K16_LOADS(t, b, h, x0, x1, x2)                                                                          \
+    const __m256i x0 = _mm256_loadu_si256((const __m256i *)((b) + ((t) == Q_Q6_K ? 64 * (h) : 32 + 32 * (h))));    \
+    const __m256i x1 = (t) == Q_Q6_K ? _mm256_loadu_si256((const __m256i *)((b) + 64 * (h) + 32)) : x0;           \
+    const __m256i x2 = _mm256_loadu_si256((const __m256i *)((b) + ((t) == Q_Q6_K ? 128 + 32 * (h) : 0)))
+
+/* vector 4h + i's u from its half's loads. Q6_K: the 4 low bits from ql, the 2 high ones (bits 2i of qh) moved
+   to bits 4-5; Q3_K: bits 2i of qs, and bit 4h + i of hmask moved to bit 2 (u - 4 is the value). One 16-bit
+   shift each (what crosses a byte is masked). */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_u)(const int t, __m256i x0, __m256i x1,
+                                                                      __m256i x2, const int h, const int i) {
+    if (t == Q_Q6_K) {
+        const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30), l = i % 2 ? x1 : x0;
+        const __m256i lo = _mm256_and_si256(i < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+        const __m256i hb = i == 0 ? _mm256_slli_epi16(x2, 4) : i == 1 ? _mm256_slli_epi16(x2, 2)
+                         : i == 2 ? x2 : _mm256_srli_epi16(x2, 2);
+        return _mm256_or_si256(lo, _mm256_and_si256(hb, m30));
     }
-    return acc;
+    const int bit = 4 * h + i;
+    const __m256i hb = bit >= 2 ? _mm256_srli_epi16(x2, bit - 2) : _mm256_slli_epi16(x2, 2 - bit);
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x0, 2 * i), _mm256_set1_epi8(3)),
+                           _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+}
+
+/* the scales of vector i of half sc (the 8 group scales of a half in both lanes): its two groups' in every
+   int16 lane of the low and high 128 bits */
+#define Q_K16_S(sc, i) _mm256_shuffle_epi8((sc), _mm256_load_si256((const __m256i *)q_k6_pair[i]))
+#define Q_K16_HALF(scv, h) _mm256_broadcastsi128_si256((h) ? _mm256_extracti128_si256((scv), 1) : _mm256_castsi256_si128(scv))
+
+/* a super-block's integer dot with the activation's (aq, its group sums isum), streaming */
+QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot)(const int t, const uint8_t *b,
+                                                                        const int8_t *aq, const int16_t *isum) {
+    const __m256i scv = FN(q_k16_scv)(t, b);
+    __m256i sumi = FN(q_k_offset_start)(scv, isum, Q_K16_SHIFT(t));
+    for (int h = 0; h < 2; h++) {
+        const __m256i sc = Q_K16_HALF(scv, h);
+        Q_K16_LOADS(t, b, h, x0, x1, x2);
+        for (int i = 0; i < 4; i++) {
+            const __m256i p = _mm256_maddubs_epi16(FN(q_k16_u)(t, x0, x1, x2, h, i),
+                                                   _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * i)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, Q_K16_S(sc, i)));
+        }
+    }
+    return sumi;
+}
+
+/* the lane sums of four int32 vectors, in lanes 0..3 (exact) */
+QATTR static inline __m128i FN(q_hsum4_epi32)(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+/* R (1..4) Q6_K or Q3_K weight rows against one activation row: per super-block the R integer sums in the
+   lanes of one vector (one horizontal reduction for all), then acc_r += sum_r * (d_r * dy), lane r */
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_k16_r)(const int t, const uint8_t *const *wr,
+                                                                        const int R, int64_t nsb, const q_arow *a,
+                                                                        float *out, int64_t pf) {
+    const int64_t bb = Q_K16_BB(t);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const int8_t *aq = a->q + 256 * ib;
+        __m256i pair[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, prev = _mm256_setzero_si256();
+        uint64_t hh = 0;
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            if (r >= R) break;
+            const uint8_t *b = wr[r] + bb * ib;
+            if (pf)
+                for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
+            const int8_t *aqr = aq; /* read again per row: kept from row 0, they would be spilled */
+            __asm__("" : "+r"(aqr));
+            const __m256i sumi = FN(q_k16_dot)(t, b, aqr, a->isum + 16 * ib);
+            if (r % 2 == 0)
+                prev = sumi;
+            else
+                pair[r / 2] = _mm256_hadd_epi32(prev, sumi);
+            uint16_t h;
+            memcpy(&h, b + Q_K16_D(t), 2);
+            hh |= (uint64_t)h << (16 * r);
+        }
+        if (R % 2) pair[R / 2] = _mm256_hadd_epi32(prev, _mm256_setzero_si256());
+        /* = q_hsum4_epi32 of the rows' sums (and zeros), pairs reduced as they come */
+        const __m256i abcd = _mm256_hadd_epi32(pair[0], pair[1]);
+        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+        const __m128 d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)), _mm_set1_ps(a->ls[64 * ib]));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc);
+    }
+    float o[4];
+    _mm_storeu_ps(o, acc);
+    for (int r = 0; r < R; r++) out[r] = o[r];
 }
 
 /* Q2_K: 2-bit unsigned values, per group of 16 a 4-bit scale and a 4-bit min (value = d*sc*q - dmin*m); the
    groups of 32 values (128h + 32j + l: bits 2j of qs[32h + l]) are 8h + 2j (low lane) and 8h + 2j + 1 */
-QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m4 = _mm_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
@@ -247,44 +369,14 @@ QATTR static float FN(q_gemv_q2k_row)(const uint8_t *w, int64_t nsb, const q_aro
     return FN(q_hsum256)(acc) - FN(q_hsum128)(accm);
 }
 
-/* Q3_K's 16 scales (6 bits, less 32) as int8: low 4 bits from bytes 0..7 (groups 0..7 the low nibbles, 8..15
-   the high ones), the top 2 bits from bytes 8..11 (group i: bits 2 * (i / 4) of byte 8 + i % 4) */
-QATTR static inline __m128i FN(q_k3_scales)(const uint8_t *s) {
-    uint32_t u[3];
-    memcpy(u, s, 12);
-    const uint32_t lo4 = 0x0f0f0f0fu, hi2 = 0x03030303u;
-    /* built in registers (a 16-byte load of four 4-byte stores would miss store forwarding) */
-    const __m128i o = _mm_set_epi32((int)(((u[1] >> 4) & lo4) | (((u[2] >> 6) & hi2) << 4)),
-                                    (int)(((u[0] >> 4) & lo4) | (((u[2] >> 4) & hi2) << 4)),
-                                    (int)((u[1] & lo4) | (((u[2] >> 2) & hi2) << 4)),
-                                    (int)((u[0] & lo4) | ((u[2] & hi2) << 4)));
-    return _mm_sub_epi8(o, _mm_set1_epi8(32));
-}
-
-/* Q3_K: value = u - 4 with u = 2 low bits | (the hmask bit) << 2 in 0..7, so the dot is
-   sum_g s_g * (sum u*a - 4 * isum_g): maddubs on u, the 4 * isum part by one madd of the scales and the sums;
-   the lanes summed in integers, as Q6_K's */
-QATTR static float FN(q_gemv_q3k_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
-    const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+/* Q3_K (or Q6_K) one row at a time (measured faster for Q3_K than 4 rows per pass): the exact integer sum
+   per super-block, one float multiply-add */
+QATTR static __attribute__((noinline)) float FN(q_gemv_k16_row)(const int t, const uint8_t *w, int64_t nsb, const q_arow *a) {
     float acc = 0.0f;
     for (int64_t ib = 0; ib < nsb; ib++) {
-        const uint8_t *b = w + 110 * ib;
-        const int8_t *aq = a->q + 256 * ib;
-        const __m256i scv = _mm256_cvtepi8_epi16(FN(q_k3_scales)(b + 96));
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
-        __m256i sumi = FN(q_k_offset_start)(scv, a->isum + 16 * ib, 2);
-        for (int h = 0; h < 2; h++) {
-            const __m256i sc = _mm256_broadcastsi128_si256(h ? _mm256_extracti128_si256(scv, 1) : _mm256_castsi256_si128(scv));
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * h));
-            for (int j = 0; j < 4; j++) {
-                const int bit = 4 * h + j; /* to bit 2 by one 16-bit shift (what crosses a byte is masked) */
-                const __m256i hb = _mm256_and_si256(bit >= 2 ? _mm256_srli_epi16(hm, bit - 2) : _mm256_slli_epi16(hm, 2 - bit), four);
-                const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * j), m3), hb);
-                const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(aq + 128 * h + 32 * j)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, _mm256_load_si256((const __m256i *)q_k6_pair[j]))));
-            }
-        }
-        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + 108), acc);
+        const uint8_t *b = w + Q_K16_BB(t) * ib;
+        const __m256i sumi = FN(q_k16_dot)(t, b, a->q + 256 * ib, a->isum + 16 * ib);
+        acc = fmaf((float)FN(q_hsum_epi32)(sumi), a->ls[64 * ib] * FN(q_h2f)(b + Q_K16_D(t)), acc);
     }
     return acc;
 }
@@ -309,7 +401,7 @@ QATTR static inline __m256i FN(q_iq4xs_scales)(const uint8_t *b) {
 
 /* IQ4_XS: per sub-block of 32 the IQ4_NL values (pshufb), |w| times (a with w's sign) in int16 pairs, madd
    by the sub-block's scale */
-QATTR static float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
+QATTR static __attribute__((noinline)) float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_arow *a) {
     const __m256i kv = _mm256_load_si256((const __m256i *)q_iq4nl_x2);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nsb; ib++) {
@@ -328,6 +420,13 @@ QATTR static float FN(q_gemv_iq4xs_row)(const uint8_t *w, int64_t nsb, const q_a
     return FN(q_hsum256)(acc);
 }
 
+/* Q6_K's R-row passes, a function of their own (as the one-row kernels: noinline): inlined into q_gemv_k
+   with every other format, their loops got registers allocated for the whole function and ran 8-12% slower */
+QATTR static __attribute__((noinline)) void FN(q_gemv_q6k_r)(const uint8_t *const *wr, int R, int64_t nsb,
+                                                             const q_arow *a, float *out, int64_t pf) {
+    Q_GEMV_ROWS(q_gemv_k16_r, Q_Q6_K, wr, R, nsb, a, out, pf)
+}
+
 /* out[r] = wr[r] . a for R (1..4) weight rows of K elements of type t; 0: a format without a kernel here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
                               int64_t pf) {
@@ -339,21 +438,20 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
     case Q_Q8_0: Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1;
     case Q_IQ4_NL: Q_GEMV_ROWS(q_gemv_b32_r, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;
     case Q_MXFP4: Q_GEMV_ROWS(q_gemv_b32_r, Q_MXFP4, wr, R, K, a, out, pf) return 1;
-    case Q_Q2_K: case Q_Q3_K: case Q_Q4_K: case Q_Q5_K: case Q_Q6_K: case Q_IQ4_XS: break;
+    case Q_Q6_K: FN(q_gemv_q6k_r)(wr, R, K / 256, a, out, pf); return 1;
+    case Q_Q2_K: case Q_Q3_K: case Q_Q4_K: case Q_Q5_K: case Q_IQ4_XS: break;
     default: return 0;
     }
     const int64_t nsb = K / 256;
     for (int r = 0; r < R; r++) {
         switch (t) {
         case Q_Q2_K: out[r] = FN(q_gemv_q2k_row)(wr[r], nsb, a); break;
-        case Q_Q3_K: out[r] = FN(q_gemv_q3k_row)(wr[r], nsb, a); break;
+        case Q_Q3_K: out[r] = FN(q_gemv_k16_row)(Q_Q3_K, wr[r], nsb, a); break;
         case Q_Q4_K: out[r] = FN(q_gemv_q45k_row)(0, wr[r], nsb, a); break;
         case Q_Q5_K: out[r] = FN(q_gemv_q45k_row)(1, wr[r], nsb, a); break;
-        case Q_Q6_K: out[r] = FN(q_gemv_q6k_row)(wr[r], nsb, a); break;
         default: out[r] = FN(q_gemv_iq4xs_row)(wr[r], nsb, a); break;
         }
     }
     return 1;
 }
-#undef Q_B32_SIGNED
-#undef Q_B32_NB_SHIFT
+/* Q_B32_SIGNED, Q_B32_NB_SHIFT and Q_K16_*: undefined after csimd_quant_batch_avx2.h, which uses them too */

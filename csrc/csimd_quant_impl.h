@@ -1207,7 +1207,7 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 #endif
 
 #if ISA_LEVEL == 1
-#include "csimd_quant_avx2.h" /* every format of the list, 32-blocks 4 rows a pass, K-quants row by row */
+#include "csimd_quant_avx2.h" /* every format of the list, 32-blocks and Q6_K 4 rows a pass, other K-quants row by row */
 #endif
 
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {
@@ -1234,6 +1234,8 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 
 #if ISA_LEVEL == 2
 #include "csimd_quant_batch.h" /* batched decoding: several activation rows per pass over each weight row */
+#elif ISA_LEVEL == 1
+#include "csimd_quant_batch_avx2.h" /* the same on AVX2 and AVX-VNNI */
 #endif
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
@@ -1315,6 +1317,9 @@ QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, con
             for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
 #if ISA_LEVEL == 2 /* every row of the tile in one pass over each weight row (csimd_quant_batch.h) */
             if (FN(qb_tile)(qa, wr, R, K, actg, acts, kp, arow, out, j0, j1, m, m + R + QB_PF_ROWS <= M ? QB_PF_ROWS * wnb1 : 0))
+                continue;
+#elif ISA_LEVEL == 1
+            if (FN(q2b_tile)(qa, wr, R, K, acts, kp, arow, out, j0, j1, m, m + R + Q2B_PF_ROWS <= M ? Q2B_PF_ROWS * wnb1 : 0))
                 continue;
 #endif
             int done = 1;
