@@ -17,6 +17,7 @@ from numba import njit, prange
 
 from prism_core.types import GGMLType, traits
 
+from . import _jit_qdot_table as QT
 from . import _qvec as V
 from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
 
@@ -29,12 +30,14 @@ _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)
 # The weight formats with an integer path (ggml type ids), with what the vector code subtracts from
 # their unsigned weight bytes (see _qvec); tables of that and of a block's bytes (the core's type
 # traits), indexed by the type id.
-_INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32))
+_INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32)) + QT.INT_PATH
 INT_FORMATS = frozenset(fmt for fmt, _ in _INT_PATH)
 _OFFSETS = np.zeros(max(INT_FORMATS) + 1, np.int64)
 _BLOCK_BYTES = np.zeros(max(INT_FORMATS) + 1, np.int64)
+_ACT_BLOCK = np.zeros(max(INT_FORMATS) + 1, np.int64)  # values per activation scale: 256 for Q8_K, 32 for Q8_0
 for _fmt, _off in _INT_PATH:
     _OFFSETS[_fmt], _BLOCK_BYTES[_fmt] = _off, traits(GGMLType(_fmt)).type_size
+    _ACT_BLOCK[_fmt] = traits(traits(GGMLType(_fmt)).vec_dot_type).blck_size
 
 
 @njit(inline="always", **_OPTS)
@@ -45,6 +48,11 @@ def _offset(fmt):
 @njit(inline="always", **_OPTS)
 def _block_bytes(fmt):
     return _BLOCK_BYTES[fmt]
+
+
+@njit(inline="always", **_OPTS)
+def _act_block(fmt):
+    return _ACT_BLOCK[fmt]
 
 
 # ------------------------------------------------------------------ activations
@@ -71,7 +79,7 @@ def quantize_row(fmt, x, xq, xc, xd, xb, xo):
     for j in range(nk):
         if not np.isfinite(x[j]):
             return False
-    if fmt == Q4_K or fmt == Q6_K:
+    if _act_block(fmt) == 256:
         for ib in range(nk // 256):
             amax = np.float32(0.0)
             mx = np.float32(0.0)
@@ -222,10 +230,15 @@ def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
         acc[1], acc[2], acc[3] = s1, s2, s3
 
 
+_table_row, _table_rows, _table_block = QT.dots(ROWS, COLS)
+
+
 @njit(**_OPTS)
 def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
     """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo
     (acc: scratch of ROWS * COLS float32)."""
+    if QT.is_table(fmt):
+        return _table_row(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc)
     if fmt == Q4_K or fmt == Q6_K:
         _k_quant_dots(fmt, a, wo, xq, xc, xd, xb, xo, nk, 1, acc)
     else:
@@ -237,7 +250,9 @@ def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
 def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     """acc[0:ROWS] = row_dot of the ROWS weight rows at bytes wo + i * ws of a; the 32-value formats share
     each activation load among the rows."""
-    if fmt == Q4_K or fmt == Q6_K:
+    if QT.is_table(fmt):
+        _table_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+    elif fmt == Q4_K or fmt == Q6_K:
         for r in range(ROWS - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
             acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
     else:
@@ -249,7 +264,9 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     """The ROWS x COLS products of the weight rows at bytes wo + r * ws of a with the activation rows at
     xo + c * nk, into acc[r * COLS + c]: each weight block is unpacked once for the COLS activation rows,
     the arithmetic of each product that of row_dot."""
-    if fmt == Q4_K or fmt == Q6_K:
+    if QT.is_table(fmt):
+        _table_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+    elif fmt == Q4_K or fmt == Q6_K:
         for r in range(ROWS - 1, -1, -1):  # the last row first: acc[r * COLS:] is written after acc[0:4] is read
             _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, COLS, acc)
             for c in range(COLS):
@@ -342,7 +359,7 @@ def _kernel(mode: str):
         a3, a2 = a.shape[0], a.shape[1]
         nk = b.shape[3]
         nr = n3 * n2 * nn
-        per = 256 if fmt == Q4_K or fmt == Q6_K else 32
+        per = _act_block(fmt)
         xq = np.empty(nr * nk, np.int8)
         xc = np.empty(nr * nk // 4, np.int32)
         xd = np.empty(nr * (nk // per), np.float32)
