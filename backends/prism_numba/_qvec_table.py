@@ -118,6 +118,15 @@ def _iq4_xs_scales(context, b, wty, w, wo) -> ir.Value:
     return b.sub(b.or_(low, high), _const(I32, 8, 32))
 
 
+def _scaled_lanes(b: ir.IRBuilder, u, s, sc16) -> ir.Value:
+    """AVX2: 16 int32 lanes, lane l = sum over its four values i of sc16[i // 2] * u_i * s_i (64 unsigned bytes
+    u, 64 signed bytes s whose int16 pair sums do not saturate, 32 int16 scales): vpmaddubsw, then vpmaddwd by
+    the scales rather than by ones (ggml's IQ4_XS), which saves a 32-bit multiply per eight lanes."""
+    v8, v16 = vec(I32, 8), vec(I16, 16)
+    return _concat(b, *(_x86(b, "llvm.x86.avx2.pmadd.wd", v8, _x86(b, "llvm.x86.avx2.pmadd.ub.sw", v16, x, y), k)
+                        for x, y, k in zip(_halves(b, u), _halves(b, s), _halves(b, sc16))))
+
+
 def iq4_xs_superblocks(cols: int):
     """An intrinsic f(w, wo, xq, xc, xo, xs) -> ``cols`` int32 (a tuple when cols > 1): sum_s (ls_s - 32) *
     sum_(i in sub-block s) q_i x_i for the IQ4_XS super-block at byte wo of w and the Q8_K activations
@@ -141,16 +150,15 @@ def iq4_xs_superblocks(cols: int):
                 lo, hi = (_halves(b, n) for n in _nibbles(b, q))
                 u = _concat(b, _lookup(b, _concat(b, lo[0], hi[0]), book), _lookup(b, _concat(b, lo[1], hi[1]), book))
                 scj = _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)
+                scj16 = b.trunc(_shuffle(b, sc, sc, [2 * j] * 16 + [2 * j + 1] * 16), vec(I16, 32))
                 for c in range(cols):
                     xi = b.add(xi0[c], ir.Constant(I64, 64 * j))
                     s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                    if SIGNED:  # |x| times the weights with x's sign, no offset
-                        ax, sw = _sign_trick(b, s, u)
-                        lanes = _dpbusd(b, ir.Constant(vec(I32, 16), [0] * 16), ax, sw)
-                    else:
-                        cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                        lanes = _dpbusd(b, cc, u, s)
-                    acc[c] = b.add(acc[c], b.mul(lanes, scj))
+                    if SIGNED:  # |x| times the weights with x's sign (no offset), scaled by vpmaddwd
+                        acc[c] = b.add(acc[c], _scaled_lanes(b, *_sign_trick(b, s, u), scj16))
+                        continue
+                    cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                    acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scj))
             out = [_hsum(b, a) for a in acc]
             return out[0] if cols == 1 else context.make_tuple(b, signature.return_type, out)
         return sig, codegen
