@@ -20,6 +20,7 @@ from prism_core.types import GGMLType, traits
 from . import _jit_qdot_table as QT
 from . import _qvec as V
 from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
+from ._jit_qwalk import block_walk
 
 # Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
 # another than the last process did, and numba keys its cache by source and CPU, not by what the
@@ -127,41 +128,19 @@ COLS = 4  # activation rows per unpacking of a weight block (block_dot)
 
 
 def _legacy_walk(rows: int, cols: int):
-    """A function walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r * cols + c] (zeroed first) =
-    the products of the ``rows`` weight rows at bytes wo + r * ws of a (a 32-value format) with the ``cols``
-    activation rows at xo + c * nk: chunks of eight blocks, then of two (the vector code of _qvec), then
-    the odd last block in scalar code, each added in that order; the same float32 operations for every
-    (rows, cols)."""
-    chunks = [V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0") for p in (4, 1)]
-    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2 = chunks
-    n = rows * cols
+    """_jit_qwalk.block_walk of Q8_0, Q4_0 and Q5_0 (the vector code of _qvec; the same float32 operations for
+    every (rows, cols))."""
+    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2 = (V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0")
+                                          for p in (4, 1))
 
-    @njit(**_OPTS)
-    def walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
-        bs = _block_bytes(fmt)
-        for i in range(n):
-            acc[i] = np.float32(0.0)
-        nb = nk // 32
-        ib = 0
-        while ib + 2 <= nb:
-            o = wo + ib * bs
-            xi = xo + 32 * ib
-            eight = ib + 8 <= nb
-            if fmt == Q8_0:
-                t = q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
-            elif fmt == Q4_0:
-                t = q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
-            else:
-                t = q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
-            for i in range(n):
-                acc[i] += t[i]
-            ib += 8 if eight else 2
-        if ib < nb:
-            o = wo + ib * bs
-            for r in range(rows):
-                for c in range(cols):
-                    acc[r * cols + c] += _legacy_tail(fmt, a, o + r * ws, xq, xd, xo + c * nk + 32 * ib)
-    return walk
+    @njit(inline="always", **_OPTS)
+    def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
+        if fmt == Q8_0:
+            return q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q4_0:
+            return q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
+        return q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
+    return block_walk(rows, cols, pick, _legacy_tail, _block_bytes)
 
 
 @njit(**_OPTS)

@@ -16,6 +16,7 @@ from numba import njit
 from . import _qvec as V
 from . import _qvec_table as T
 from ._jit_quant import E8M0_HALF, IQ4_NL, IQ4_XS, MXFP4
+from ._jit_qwalk import block_walk
 
 _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)  # as _jit_qdot's (compiled with it)
 
@@ -45,38 +46,21 @@ def _block_tail(fmt, a, o, xq, xd, xo):
     return scale * xd[xo // 32] * np.float32(s)
 
 
-def _walk(rows: int, cols: int):
-    """walk(fmt, a, wo, ws, xq, xc, xd, xo, nk, acc) -> acc[r * cols + c] (zeroed first): the products of the
-    ``rows`` IQ4_NL or MXFP4 weight rows at bytes wo + r * ws of a with the ``cols`` activation rows at
-    xo + c * nk, in chunks of eight blocks, then two, then the odd last block alone, added in that order (as
-    _jit_qdot's walk of the other 32-value formats)."""
-    nl8, nl2, mx8, mx2 = (T.chunk(f, p, rows, cols) for f in ("IQ4_NL", "MXFP4") for p in (4, 1))
-    n = rows * cols
+@njit(inline="always", **_OPTS)
+def _block_bytes(fmt):
+    return 18 if fmt == IQ4_NL else 17
 
-    @njit(**_OPTS)
-    def walk(fmt, a, wo, ws, xq, xc, xd, xo, nk, acc):
-        bs = 18 if fmt == IQ4_NL else 17
-        for i in range(n):
-            acc[i] = np.float32(0.0)
-        nb = nk // 32
-        ib = 0
-        while ib + 2 <= nb:
-            o = wo + ib * bs
-            xi = xo + 32 * ib
-            eight = ib + 8 <= nb
-            if fmt == IQ4_NL:
-                t = nl8(a, o, ws, xq, xc, xd, xi, nk) if eight else nl2(a, o, ws, xq, xc, xd, xi, nk)
-            else:
-                t = mx8(a, o, ws, xq, xc, xd, xi, nk) if eight else mx2(a, o, ws, xq, xc, xd, xi, nk)
-            for i in range(n):
-                acc[i] += t[i]
-            ib += 8 if eight else 2
-        if ib < nb:
-            o = wo + ib * bs
-            for r in range(rows):
-                for c in range(cols):
-                    acc[r * cols + c] += _block_tail(fmt, a, o + r * ws, xq, xd, xo + c * nk + 32 * ib)
-    return walk
+
+def _walk(rows: int, cols: int):
+    """_jit_qwalk.block_walk of IQ4_NL and MXFP4."""
+    nl8, nl2, mx8, mx2 = (T.chunk(f, p, rows, cols) for f in ("IQ4_NL", "MXFP4") for p in (4, 1))
+
+    @njit(inline="always", **_OPTS)
+    def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
+        if fmt == IQ4_NL:
+            return nl8(a, o, ws, xq, xc, xd, xi, nk) if eight else nl2(a, o, ws, xq, xc, xd, xi, nk)
+        return mx8(a, o, ws, xq, xc, xd, xi, nk) if eight else mx2(a, o, ws, xq, xc, xd, xi, nk)
+    return block_walk(rows, cols, pick, _block_tail, _block_bytes)
 
 
 _XS_1, _XS_4 = T.iq4_xs_superblocks(1), T.iq4_xs_superblocks(4)
@@ -115,7 +99,7 @@ def dots(rows: int, cols: int):
         if fmt == IQ4_XS:
             _iq4_xs_dots(a, wo, xq, xc, xd, xo, nk, 1, acc)
         else:
-            walk_1x1(fmt, a, wo, 0, xq, xc, xd, xo, nk, acc)
+            walk_1x1(fmt, a, wo, 0, xq, xc, xd, xb, xo, nk, acc)
         return acc[0]
 
     @njit(**_OPTS)
@@ -124,7 +108,7 @@ def dots(rows: int, cols: int):
             for r in range(rows - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
                 acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
         else:
-            walk_rows(fmt, a, wo, ws, xq, xc, xd, xo, nk, acc)
+            walk_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
 
     @njit(**_OPTS)
     def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
@@ -134,5 +118,5 @@ def dots(rows: int, cols: int):
                 for c in range(cols):
                     acc[r * cols + c] = acc[c]
         else:
-            walk_block(fmt, a, wo, ws, xq, xc, xd, xo, nk, acc)
+            walk_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
     return row_dot, rows_dot, block_dot
