@@ -125,24 +125,9 @@ def test_products(nb, mode, t):
 
 def _ggml_product(t: GT, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
     """mul_mat(w, x) on ggml's own CPU backend (ggml-python), w the (m, row bytes) blocks of type t."""
-    ggml = pytest.importorskip("ggml", reason="ggml-python (ggml's own CPU kernels) is not installed")
-    import ctypes
-    m, (n, k) = blocks.shape[0], x.shape
-    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=blocks.nbytes + x.nbytes + (16 << 20), mem_buffer=None,
-                                               no_alloc=False))
-    try:
-        tw = ggml.ggml_new_tensor_2d(ctx, int(t), k, m)
-        tx = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, k, n)
-        ctypes.memmove(ggml.ggml_get_data(tw), np.ascontiguousarray(blocks).ctypes.data, blocks.nbytes)
-        ctypes.memmove(ggml.ggml_get_data(tx), np.ascontiguousarray(x).ctypes.data, x.nbytes)
-        out = ggml.ggml_mul_mat(ctx, tw, tx)
-        graph = ggml.ggml_new_graph(ctx)
-        ggml.ggml_build_forward_expand(graph, out)
-        ggml.ggml_graph_compute_with_ctx(ctx, graph, 1)
-        p = ctypes.cast(ggml.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(p, shape=(n, m)).copy()
-    finally:
-        ggml.ggml_free(ctx)
+    pytest.importorskip("ggml", reason="ggml-python (ggml's own CPU kernels) is not installed")
+    from data.make_ggml_mulmat_golden import ggml_mul_mat
+    return ggml_mul_mat(GGMLType(int(t)), blocks, x)
 
 
 @pytest.mark.parametrize("t", INT_FORMATS, ids=lambda t: t.name)
