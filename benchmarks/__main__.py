@@ -31,6 +31,9 @@ except ImportError:  # PyTorch is an optional peer
     torch = None
 
 
+SETTLE_S = 0.5  # a pause before each contender of a section whose peers leave threads spinning
+
+
 def best_time(fn, repeats: int, min_time: float = 0.05) -> float:
     fn()  # warm-up (compiles, allocates)
     best = float("inf")
@@ -167,6 +170,10 @@ class Bench:
                 fns["prism:" + be.name] = pc.plan(y, be).compute
             vals, cpu_vals = {}, {}
             for name, fn in fns.items():
+                # OpenBLAS's workers spin on after numpy-direct's last call (measured: 20-100 ms of CPU); a
+                # contender timed inside that spin shares the cores with them, and csimd's adaptive threads
+                # (csrc/csimd_threads.h) read the wait as another process and take half the threads for 1 s
+                time.sleep(SETTLE_S)
                 wall, cpu = best_wall_and_cpu(fn, reps)
                 vals[name], cpu_vals[name] = flops / wall / 1e9, flops / cpu / 1e9
             rows.append((f"{n}x{k}x{m}", vals))

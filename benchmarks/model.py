@@ -33,8 +33,9 @@ PROMPT = "The capital of France is"
 _PROBE = r"""
 import json, resource, sys, time
 import numpy as np
-engine, path, n_ctx, threads, repeats, n_decode, budget, only = sys.argv[1:9]
+engine, path, n_ctx, threads, repeats, n_decode, budget, only, clock = sys.argv[1:10]
 n_ctx, threads, repeats, n_decode, budget = int(n_ctx), int(threads), int(repeats), int(n_decode), float(budget)
+clock = time.process_time if clock == "cpu" else time.perf_counter  # cpu: the process's CPU time, every thread
 start = time.perf_counter()
 ids = [2] + np.random.default_rng(0).integers(1000, 20000, n_ctx).tolist()
 def emit(**kv):
@@ -68,15 +69,15 @@ def best(fn):
     return min(times)
 def prompt(n):
     def once():
-        clear(); t = time.perf_counter(); feed(ids[:n]); return time.perf_counter() - t
+        clear(); t = clock(); feed(ids[:n]); return clock() - t
     return n / best(once)
 def decode(n_prompt):
     def once():
         clear(); z = feed(ids[:n_prompt]); z = feed([int(np.argmax(z))])  # the first step plans the graph
-        t = time.perf_counter()
+        t = clock()
         for _ in range(n_decode):
             z = feed([int(np.argmax(z))])
-        return (time.perf_counter() - t) / n_decode
+        return (clock() - t) / n_decode
     return 1 / best(once)
 for name, fn, n in (("decode after 6", decode, 6), ("prompt 128", prompt, 128), ("prompt 512", prompt, 512),
                     ("decode after 512", decode, 512)):
@@ -129,12 +130,18 @@ def _omp_setting() -> str:
 
 
 def _probe(engine: str, path: str, repeats: int, n_decode: int, budget: float, only: str = "",
-           threads: int = THREADS) -> dict:
+           threads: int = THREADS, python: str | None = None, cpu: bool = False) -> dict:
     """Run one engine's measurements (``only``: those named, comma-separated, without the peak); returns
-    {"load_s", "peak_rss", name: tok/s, "skipped": [...]}."""
-    cmd = [sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(threads), str(repeats), str(n_decode),
-           str(budget), only]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(threads))
+    {"load_s", "peak_rss", name: tok/s, "skipped": [...]}. ``python``: another interpreter to run llama.cpp
+    in (its own llama-cpp-python build, say one for AVX2 only); it gets no PYTHONPATH from this one.
+    ``cpu``: time by the process's CPU time (all its threads, spinning ones included) instead of the wall
+    clock, which at one thread keeps other processes' time slices out on a shared machine."""
+    env = _env(threads)
+    if python is not None:
+        env.pop("PYTHONPATH")
+    cmd = [python or sys.executable, "-c", _PROBE, engine, path, str(N_CTX), str(threads), str(repeats),
+           str(n_decode), str(budget), only, "cpu" if cpu else "wall"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     out: dict = {"skipped": []}
     deadline = time.monotonic() + budget + 600  # a measurement started within budget may run past it
     try:

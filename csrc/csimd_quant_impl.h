@@ -761,6 +761,16 @@ QATTR static void FN(q_arow_fill_f32)(int at, const float *x, int64_t K, int64_t
     default: FN(fn)(t, wr, 1, K, a, out, pf); break;    \
     }
 
+/* the cases of a switch over the 32-value formats, each calling fn with its type a constant */
+#define Q_GEMV_B32_CASES(fn, wr, R, K, a, out, pf)                                                           \
+    case Q_Q4_0: Q_GEMV_ROWS(fn, Q_Q4_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q4_1: Q_GEMV_ROWS(fn, Q_Q4_1, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q5_0: Q_GEMV_ROWS(fn, Q_Q5_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q5_1: Q_GEMV_ROWS(fn, Q_Q5_1, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_Q8_0: Q_GEMV_ROWS(fn, Q_Q8_0, wr, R, K, a, out, pf) return 1;                                     \
+    case Q_IQ4_NL: Q_GEMV_ROWS(fn, Q_IQ4_NL, wr, R, K, a, out, pf) return 1;                                 \
+    case Q_MXFP4: Q_GEMV_ROWS(fn, Q_MXFP4, wr, R, K, a, out, pf) return 1;
+
 #if ISA_LEVEL == 1
 /* acc + the sums of each four adjacent products u * s (unsigned u, signed s bytes), for inputs whose pair
    sums fit int16 (maddubs saturates there; callers pass |w| and a with w's sign, or small unsigned
@@ -890,10 +900,18 @@ static const int16_t q_k6_scale_idx[2][32] __attribute__((aligned(64))) = {
 
 QATTR static inline float FN(q_hsum512)(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const uint8_t *const *wr, const int R,
-                                                                        int64_t nsb, const q_arow *a, float *out,
-                                                                        const int64_t pf) {
-    const __m512i m4 = _mm512_set1_epi8(15);
+/* five: Q5_K, whose fifth bits (bit 2c of qh[l]: element 64c + l, bit 2c + 1: 64c + 32 + l) are rotated to bit 4
+   (32-bit rotates: what comes from a neighbouring byte is masked off) */
+static const int32_t q_k5_rot[4][16] __attribute__((aligned(64))) = {
+    {4, 4, 4, 4, 4, 4, 4, 4, 3, 3, 3, 3, 3, 3, 3, 3}, {2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1},
+    {0, 0, 0, 0, 0, 0, 0, 0, 31, 31, 31, 31, 31, 31, 31, 31}, {30, 30, 30, 30, 30, 30, 30, 30, 29, 29, 29, 29, 29, 29, 29, 29},
+};
+
+QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const int five, const uint8_t *const *wr,
+                                                                        const int R, int64_t nsb, const q_arow *a,
+                                                                        float *out, const int64_t pf) {
+    const int64_t bb = five ? 176 : 144;
+    const __m512i m4 = _mm512_set1_epi8(15), m10 = _mm512_set1_epi8(16);
     const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i ix0 = _mm512_load_si512((const void *)q_k4_scale_idx[0]);
     const __m512i ix1 = _mm512_load_si512((const void *)q_k4_scale_idx[1]);
@@ -915,9 +933,9 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const u
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
-            const uint8_t *b = wr[r] + 144 * ib;
+            const uint8_t *b = wr[r] + bb * ib, *qs = b + (five ? 48 : 16);
             if (pf)
-                for (int l = 0; l < 144; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
+                for (int l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
             int32_t dpair;
             memcpy(&dpair, b, 4);
             const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dpair)), _mm_set1_ps(dy)); /* d*dy, dmin*dy */
@@ -926,8 +944,14 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q4k_r)(const u
             __m512i w[4], p[4];
             for (int c = 0; c < 4; c++)
                 w[c] = _mm512_and_si512(
-                    _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c))),
+                    _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c))),
                                       hshift), m4);
+            if (five) { /* |4 q a| <= 4 * 31 * 128: still 16 bits */
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16)));
+                for (int c = 0; c < 4; c++)
+                    w[c] = _mm512_ternarylogic_epi32(
+                        w[c], _mm512_rolv_epi32(qh, _mm512_load_si512((const void *)q_k5_rot[c])), m10, 0xF8);
+            }
             p[0] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], a0);
             p[1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], a1);
             p[2] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2], a2);
@@ -996,26 +1020,36 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_q6k_r)(const u
     for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
 }
 
-/* Q4_0, Q5_0 and Q8_0 rows against one Q8_0 activation row on AVX-512 VNNI, R (1..4) weight rows per
-   pass. 64 weights (two blocks) per vector as unsigned bytes (the format's offset, 8, 16 or 128, added),
-   the offset taken back in dpbusd's accumulator (-offset * the sum of each 4 activations), then one
-   float multiply-add per vector with each block's d_w * d_a. The four fp16 scales of 128 weights are
-   converted at once. */
-QATTR static inline __m512i FN(q_pair_u8)(int t, const uint8_t *b0, const uint8_t *b1) {
+#include "csimd_quant_avx512.h" /* the 256-bit kernels of every format, the 512-bit Q2_K, Q3_K, IQ4_XS */
+
+/* The 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) against one Q8_0/Q8_1 activation
+   row on AVX-512 VNNI, R (1..4) weight rows per pass. 64 weights (two blocks) per vector as unsigned bytes (the
+   format's offset added: 8 (Q4_0), 16 (Q5_0; MXFP4's doubled values from a pshufb table), 128 (Q8_0; IQ4_NL's
+   table values); Q4_1/Q5_1's nibbles have none), the offset taken back in dpbusd's accumulator (-offset * the
+   sum of each 4 activations), then one float multiply-add per vector with each block's d_w * d_a; Q4_1/Q5_1's
+   min times the Q8_1 block's s summed apart. The four scales of 128 weights are converted at once. */
+#define Q_W32_QS(t) ((t) == Q_Q5_1 ? 8 : (t) == Q_Q5_0 ? 6 : (t) == Q_Q4_1 ? 4 : (t) == Q_MXFP4 ? 1 : 2) /* nibbles */
+#define Q_W32_MINS(t) ((t) == Q_Q4_1 || (t) == Q_Q5_1)
+/* a->nbias is -128 * sum: -8 and -16 * sum by these shifts; -1: no offset */
+#define Q_W32_NB_SHIFT(t) ((t) == Q_Q8_0 || (t) == Q_IQ4_NL ? 0 : (t) == Q_Q4_0 ? 4 : Q_W32_MINS(t) ? -1 : 3)
+QATTR static inline __attribute__((always_inline)) __m512i FN(q_pair_u8)(const int t, const uint8_t *b0,
+                                                                        const uint8_t *b1) {
     if (t == Q_Q8_0)
         return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
                                                    _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1),
                                 _mm512_set1_epi8((char)0x80));
-    const int qo = t == Q_Q5_0 ? 6 : 2;
+    const int qo = Q_W32_QS(t);
     /* [b0's bytes, b0's, b1's, b1's]: low nibbles in 128-bit lanes 0 and 2 (elements 0..15), high in 1 and 3 */
     const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + qo))),
                                                   (__mmask16)0xFF00, _mm_loadu_si128((const __m128i *)(b1 + qo)));
     const __m512i nib_shift = _mm512_broadcast_i64x4(_mm256_set_m128i(_mm_set1_epi16(4), _mm_setzero_si128()));
     const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), _mm512_set1_epi8(15));
-    if (t == Q_Q4_0) return u;
-    uint32_t h0, h1; /* Q5_0: bit j of qh is element j's fifth bit */
-    memcpy(&h0, b0 + 2, 4);
-    memcpy(&h1, b1 + 2, 4);
+    if (t == Q_IQ4_NL) return _mm512_shuffle_epi8(_mm512_load_si512((const void *)q_iq4nl_u128_x4), u);
+    if (t == Q_MXFP4) return _mm512_shuffle_epi8(_mm512_load_si512((const void *)q_mxfp4_u16_x4), u);
+    if (t != Q_Q5_0 && t != Q_Q5_1) return u;
+    uint32_t h0, h1; /* bit j of qh is element j's fifth bit */
+    memcpy(&h0, b0 + qo - 4, 4);
+    memcpy(&h1, b1 + qo - 4, 4);
     return _mm512_mask_add_epi8(u, (__mmask64)(h0 | (uint64_t)h1 << 32), u, _mm512_set1_epi8(16));
 }
 
@@ -1025,41 +1059,74 @@ QATTR static inline uint16_t FN(q_f16_bits)(const uint8_t *p) {
     return h;
 }
 
-/* the fp16 scales of the four 32-value blocks at b (block bytes bb) in lanes 0-3; with pf, the same bytes pf
-   further on prefetched to L2 (the rows a few passes ahead) */
-QATTR static inline __attribute__((always_inline)) __m512 FN(q_b32_scales4)(const int t, const uint8_t *b,
-                                                                           const int64_t bb, const int64_t pf) {
-    if (pf) {
-        _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-        _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
-        if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+/* the four blocks at b + pf (the rows a few passes ahead) prefetched to L2 */
+QATTR static inline void FN(q_b32_prefetch)(const int t, const uint8_t *b, const int64_t pf) {
+    _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
+    _mm_prefetch((const char *)b + pf + 64, _MM_HINT_T1);
+    if (t == Q_Q8_0) _mm_prefetch((const char *)b + pf + 128, _MM_HINT_T1);
+}
+
+/* the scales of the n (2 or 4) 32-value blocks at b (block bytes bb) in lanes 0..n-1 (fp16 at byte 0, MXFP4's
+   E8M0 halved) */
+QATTR static inline __attribute__((always_inline)) __m512 FN(q_b32_scales)(const int t, const uint8_t *b,
+                                                                          const int64_t bb, const int n) {
+    if (t == Q_MXFP4) { /* q_e8m0_half of each: the float 2^(e - 128), subnormal for e < 2 */
+        const uint32_t ee = (uint32_t)b[0] | (uint32_t)b[bb] << 8 | (n > 2 ? (uint32_t)b[2 * bb] << 16 | (uint32_t)b[3 * bb] << 24 : 0);
+        const __m128i e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ee));
+        const __m128i bits = _mm_mask_blend_epi32(_mm_cmplt_epu32_mask(e, _mm_set1_epi32(2)),
+                                                  _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23),
+                                                  _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e));
+        return _mm512_castps128_ps512(_mm_castsi128_ps(bits));
     }
-    const uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16 |
-                        (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
+    uint64_t hh = (uint64_t)FN(q_f16_bits)(b) | (uint64_t)FN(q_f16_bits)(b + bb) << 16;
+    if (n > 2) hh |= (uint64_t)FN(q_f16_bits)(b + 2 * bb) << 32 | (uint64_t)FN(q_f16_bits)(b + 3 * bb) << 48;
     return _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)));
+}
+
+/* Q4_1/Q5_1: the scale and min of the n (2 or 4) blocks at b (adjacent fp16s), [d0, m0, d1, m1, ...], zeros past n */
+QATTR static inline __m256 FN(q_b32_dmins)(const uint8_t *b, const int64_t bb, const int n) {
+    uint32_t p[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) memcpy(&p[i], b + i * bb, 4);
+    return _mm256_cvtph_ps(_mm_set_epi32((int)p[3], (int)p[2], (int)p[1], (int)p[0]));
 }
 
 QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const int t, const uint8_t *const *wr,
                                                                         const int R, int64_t K, const q_arow *a,
                                                                         float *out, const int64_t pf) {
     const int64_t bb = q_block_bytes(t);
-    const int nb_shift = t == Q_Q8_0 ? 0 : t == Q_Q4_0 ? 4 : 3; /* a->nbias is -128 * sum: -8 and -16 * sum */
-    const __m512i blk0 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i blk1 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+    const int nb_shift = Q_W32_NB_SHIFT(t);
+    const int st = Q_W32_MINS(t) ? 2 : 1; /* block i's scale in lane st * i of wd (Q4_1/Q5_1: d and min in pairs) */
+    const __m512i blk0 = _mm512_set_epi32(st, st, st, st, st, st, st, st, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i blk1 = _mm512_set_epi32(3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st, 3 * st,
+                                          2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st, 2 * st);
     __m512 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    __m256 accm[4]; /* Q4_1/Q5_1: min * s per block */
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm512_setzero_ps();
+        accm[r] = _mm256_setzero_ps();
+    }
     int64_t k = 0;
     for (; k + 128 <= K; k += 128) {
         const __m512i a0 = _mm512_loadu_si512((const void *)(a->q + k));
         const __m512i a1 = _mm512_loadu_si512((const void *)(a->q + k + 64));
-        const __m512i n0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
-        const __m512i n1 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4 + 16)), nb_shift);
+        const __m512i n0 = nb_shift < 0 ? _mm512_setzero_si512()
+                                        : _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
+        const __m512i n1 = nb_shift < 0 ? _mm512_setzero_si512()
+                                        : _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4 + 16)), nb_shift);
         const __m512 s0 = _mm512_loadu_ps(a->ls + k / 4), s1 = _mm512_loadu_ps(a->ls + k / 4 + 16);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            const __m512 wd = FN(q_b32_scales4)(t, b, bb, pf);
+            if (pf) FN(q_b32_prefetch)(t, b, pf);
+            __m512 wd;
+            if (Q_W32_MINS(t)) { /* the mins times the blocks' s (gsum's first group of each block; 0 the second) */
+                const __m256 dm = FN(q_b32_dmins)(b, bb, 4);
+                wd = _mm512_castps256_ps512(dm);
+                accm[r] = _mm256_mask3_fmadd_ps(dm, _mm256_moveldup_ps(_mm256_loadu_ps(a->gsum + k / 16)), accm[r], 0xAA);
+            } else {
+                wd = FN(q_b32_scales)(t, b, bb, 4);
+            }
             const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
             const __m512i p1 = _mm512_dpbusd_epi32(n1, FN(q_pair_u8)(t, b + 2 * bb, b + 3 * bb), a1);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
@@ -1068,49 +1135,75 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
     }
     if (k < K) { /* 64 left */
         const __m512i a0 = _mm512_loadu_si512((const void *)(a->q + k));
-        const __m512i n0 = _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
+        const __m512i n0 = nb_shift < 0 ? _mm512_setzero_si512()
+                                        : _mm512_srai_epi32(_mm512_loadu_si512((const void *)(a->nbias + k / 4)), nb_shift);
         const __m512 s0 = _mm512_loadu_ps(a->ls + k / 4);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
             const uint8_t *b = wr[r] + (k / 32) * bb;
-            const uint32_t hh = (uint32_t)FN(q_f16_bits)(b) | (uint32_t)FN(q_f16_bits)(b + bb) << 16;
-            const __m512 wd = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)hh)));
+            __m512 wd;
+            if (Q_W32_MINS(t)) { /* gsum's 4 groups of these 2 blocks, the lanes past them 0 */
+                const __m256 dm = FN(q_b32_dmins)(b, bb, 2);
+                wd = _mm512_castps256_ps512(dm);
+                accm[r] = _mm256_mask3_fmadd_ps(dm, _mm256_moveldup_ps(_mm256_zextps128_ps256(_mm_loadu_ps(a->gsum + k / 16))),
+                                                accm[r], 0xAA);
+            } else {
+                wd = FN(q_b32_scales)(t, b, bb, 2);
+            }
             const __m512i p0 = _mm512_dpbusd_epi32(n0, FN(q_pair_u8)(t, b, b + bb), a0);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_mul_ps(_mm512_permutexvar_ps(blk0, wd), s0), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = FN(q_hsum512)(acc[r]) + (Q_W32_MINS(t) ? q_hsum256_avx512y(accm[r]) : 0.0f);
 }
 
-/* out[r] = wr[r] . a for R (1..4) rows of K elements (Q4_0, Q5_0, Q8_0: K a multiple of 64; Q4_K, Q6_K);
-   0: not handled here */
+/* out[r] = wr[r] . a for R (1..4) rows of K elements (the 32-value formats: K a multiple of 64 here, else
+   csimd_quant_avx512.h's 256-bit kernels; the K-quants and IQ4_XS); 0: not handled here */
 QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out,
                               int64_t pf) {
     const int64_t nsb = K / 256;
     if (K % 64 == 0) {
-        if (t == Q_Q4_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q4_0, wr, R, K, a, out, pf) return 1; }
-        if (t == Q_Q5_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q5_0, wr, R, K, a, out, pf) return 1; }
-        if (t == Q_Q8_0) { Q_GEMV_ROWS(q_gemv_b32_r, Q_Q8_0, wr, R, K, a, out, pf) return 1; }
-    }
-    if (t == Q_Q4_K) {
-        switch (R) {
-        case 4: FN(q_gemv_q4k_r)(wr, 4, nsb, a, out, pf); return 1;
-        case 3: FN(q_gemv_q4k_r)(wr, 3, nsb, a, out, pf); return 1;
-        case 2: FN(q_gemv_q4k_r)(wr, 2, nsb, a, out, pf); return 1;
-        default: FN(q_gemv_q4k_r)(wr, 1, nsb, a, out, pf); return 1;
+        switch (t) {
+        Q_GEMV_B32_CASES(q_gemv_b32_r, wr, R, K, a, out, pf)
+        default: break;
         }
     }
-    if (t == Q_Q6_K) {
-        switch (R) {
-        case 4: FN(q_gemv_q6k_r)(wr, 4, nsb, a, out, pf); return 1;
-        case 3: FN(q_gemv_q6k_r)(wr, 3, nsb, a, out, pf); return 1;
-        case 2: FN(q_gemv_q6k_r)(wr, 2, nsb, a, out, pf); return 1;
-        default: FN(q_gemv_q6k_r)(wr, 1, nsb, a, out, pf); return 1;
-        }
+/* a kernel fn(args..., R, ...) called with R (1..4) a constant, so its row loops unroll */
+#define Q_BY_R(call)                                                                                            \
+    switch (R) {                                                                                                \
+    case 4: call(4); return 1;                                                                                  \
+    case 3: call(3); return 1;                                                                                  \
+    case 2: call(2); return 1;                                                                                  \
+    default: call(1); return 1;                                                                                 \
     }
-    return 0;
+#define Q_Q4K(R_) FN(q_gemv_q4k_r)(0, wr, R_, nsb, a, out, pf)
+#define Q_Q5K(R_) FN(q_gemv_q4k_r)(1, wr, R_, nsb, a, out, pf)
+#define Q_Q6K(R_) FN(q_gemv_q6k_r)(wr, R_, nsb, a, out, pf)
+#define Q_Q2K(R_) FN(q_gemv_k2k3_r)(Q_Q2_K, wr, R_, nsb, a, out, pf)
+#define Q_Q3K(R_) FN(q_gemv_k2k3_r)(Q_Q3_K, wr, R_, nsb, a, out, pf)
+#define Q_XS(R_) FN(q_gemv_iq4xs_r)(wr, R_, nsb, a, out, pf)
+    switch (t) {
+    case Q_Q2_K: Q_BY_R(Q_Q2K)
+    case Q_Q3_K: Q_BY_R(Q_Q3K)
+    case Q_Q4_K: Q_BY_R(Q_Q4K)
+    case Q_Q5_K: Q_BY_R(Q_Q5K)
+    case Q_Q6_K: Q_BY_R(Q_Q6K)
+    case Q_IQ4_XS: Q_BY_R(Q_XS)
+    default: break;
+    }
+#undef Q_Q4K
+#undef Q_Q5K
+#undef Q_Q6K
+#undef Q_Q2K
+#undef Q_Q3K
+#undef Q_XS
+#undef Q_BY_R
+    return q_gemv_k_avx512y(t, wr, R, K, a, out, pf); /* 32-value blocks with K % 64 == 32 */
 }
+#undef Q_W32_QS
+#undef Q_W32_MINS
+#undef Q_W32_NB_SHIFT
 #endif
 
 #if ISA_LEVEL == 1
@@ -1130,9 +1223,7 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
    interleaved rows are four short streams, which the hardware prefetchers follow poorly when the weights
    come from memory (measured: Q6_K 1x2048x32768 at 0.45x ggml against 1.2x row by row), so these calls
    prefetch (to L2) the rows three passes ahead (then 1.5x). */
-#define Q_DIRECT_ROWS(t)                                                                                \
-    ((ISA_LEVEL == 2 && ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K)) || \
-     ISA_LEVEL == 1 ? 4 : 1) /* AVX2: q_gemv_k takes 4 rows of any format it has (csimd_quant_avx2.h) */
+#define Q_DIRECT_ROWS(t) (ISA_LEVEL >= 1 ? 4 : 1) /* q_gemv_k takes 4 rows of any format it has */
 #ifndef QM_DIRECT
 /* activation rows per tile up to which weights are read straight from their blocks, each row a pass over the
    same weight rows (then in L1): measured on Gemma 3 270M, 2 threads, AVX-512 VNNI, against decoding them
@@ -1422,6 +1513,7 @@ QATTR static int FN(q_vec_dot)(int qw, const uint8_t *w, int at, const uint8_t *
 #undef QM_DIRECT
 #undef Q_DIRECT_ROWS
 #undef Q_GEMV_ROWS
+#undef Q_GEMV_B32_CASES
 #undef QV
 #undef QVF
 #undef QV16

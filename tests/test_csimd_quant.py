@@ -698,9 +698,10 @@ def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
         np.testing.assert_array_equal(product(x[:n]), alone[:n], err_msg=f"{n} rows")
 
 
-# The formats with fused matrix-vector kernels on AVX2 (csrc/csimd_quant_avx2.h): read straight from their blocks
-# for up to 16 activation rows per weight tile (csrc QM_DIRECT), decoded first beyond.
-FUSED_AVX2 = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_NL,
+# The formats with fused matrix-vector kernels on AVX2 (csrc/csimd_quant_avx2.h) and AVX-512 (csimd_quant_impl.h,
+# csimd_quant_avx512.h): read straight from their blocks for up to 16 activation rows per weight tile (csrc
+# QM_DIRECT), decoded first beyond.
+FUSED = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_NL,
               GT.IQ4_XS, GT.MXFP4)
 
 
@@ -734,20 +735,24 @@ def _exact_case(t: GT, k: int, m: int, n: int, rng: np.random.Generator) -> tupl
     return w, x
 
 
-@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", FUSED, ids=lambda t: t.name)
 def test_fused_kernels_exact_where_the_sums_are(cs, isa, t):
     """Where every product and partial sum is exact in float32, each path gives the exact product (float64 on the
     dequantized operands), bit for bit, for 1 and 3 activation rows (fused kernels on AVX2 and AVX-512) and 20
     (decoded rows first), with passes of 4 weight rows and a remainder of 3."""
     rng = np.random.default_rng(int(t) + 900)
-    k, m = 512, 7
-    w, x = _exact_case(t, k, m, 20, rng)
-    wf = dequant(w, t).astype(np.float64).reshape(m, k)
-    for n in (1, 3, 20):
-        got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
-        want = x[:n].astype(np.float64) @ wf.T
-        assert np.all(np.abs(want) < 2.0 ** 15)
-        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=f"{n} rows on {isa}")
+    be, _ = _block(t)
+    m = 7
+    # K in whole groups of 128, with 64 left (the AVX-512 32-value kernel's last pair of blocks) and with 32 left
+    # (csimd_quant_avx2.h's kernels in the AVX-512 copy); 2 and 3 super-blocks
+    for k in ((512, 576, 544) if be == 32 else (512, 768)):
+        w, x = _exact_case(t, k, m, 20, rng)
+        wf = dequant(w, t).astype(np.float64).reshape(m, k)
+        for n in (1, 3, 20):
+            got = c_mul_mat(cs, t, w, (k, m, 1, 1), x[:n].reshape(1, 1, n, k), 1).reshape(n, m)
+            want = x[:n].astype(np.float64) @ wf.T
+            assert np.all(np.abs(want) < 2.0 ** 15)
+            np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=f"K={k}, {n} rows on {isa}")
 
 
 def _extreme_blocks(t: GT, nblocks: int, rng: np.random.Generator) -> np.ndarray:
@@ -761,13 +766,19 @@ def _extreme_blocks(t: GT, nblocks: int, rng: np.random.Generator) -> np.ndarray
     return b
 
 
-@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", FUSED, ids=lambda t: t.name)
 def test_fused_kernels_match_scalar_path_at_extreme_scales(cs, isa, t):
     """Random quant bits, scales at fp16's ends, activations spanning 1e-3..1e3: each path within float32 rounding
     of the float64 product of the quantized operands, and of the scalar path's result (plain integer loops)."""
     rng = np.random.default_rng(int(t) + 1900)
     be, _ = _block(t)
-    k, m, n = 768 if be == 256 else 320, 9, 2
+    for k in ((768,) if be == 256 else (320, 288)):  # 32-value blocks: 64 and 32 left past the groups of 128
+        _extreme_case(cs, t, k, rng)
+
+
+def _extreme_case(cs, t: GT, k: int, rng: np.random.Generator) -> None:
+    be, _ = _block(t)
+    m, n = 9, 2
     w = _extreme_blocks(t, m * k // be, rng)
     x = (rng.standard_normal((n, k)) * 10.0 ** rng.integers(-3, 4, (n, k))).astype(np.float32)
     got = c_mul_mat(cs, t, w, (k, m, 1, 1), x.reshape(1, 1, n, k), 1).reshape(n, m)
@@ -779,11 +790,11 @@ def test_fused_kernels_match_scalar_path_at_extreme_scales(cs, isa, t):
     want = af @ wf.T + q8_1_sum_correction(w, t, a, at, m, n)
     wabs = np.abs(af) @ np.abs(wf).T
     assert np.isfinite(got).all() and np.isfinite(scalar).all()
-    assert np.all(np.abs(got - want) <= 2e-6 * wabs), np.max(np.abs(got - want) / wabs)
-    assert np.all(np.abs(got - scalar) <= 4e-6 * wabs), np.max(np.abs(got - scalar) / wabs)
+    assert np.all(np.abs(got - want) <= 2e-6 * wabs), (k, np.max(np.abs(got - want) / wabs))
+    assert np.all(np.abs(got - scalar) <= 4e-6 * wabs), (k, np.max(np.abs(got - scalar) / wabs))
 
 
-@pytest.mark.parametrize("t", FUSED_AVX2, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", FUSED, ids=lambda t: t.name)
 def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
     """Up to 16 activation rows (the fused kernels' range), each row's products on every path are bit for bit
     those of that row alone; expected values: the single-row calls."""
@@ -799,16 +810,16 @@ def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
         np.testing.assert_array_equal(got, alone[:n], err_msg=f"{n} rows on {isa}")
 
 
-@pytest.mark.parametrize("t", PRIORITY, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", FUSED, ids=lambda t: t.name)
 @pytest.mark.parametrize("nth", (1, 2))
 def test_batched_rows_bit_for_bit_as_alone_every_path(cs, isa, t, nth):
     """The same on every ISA path and thread count, straight through the C entry point, for the shapes the
-    batched kernels cut differently: K of 5 groups of 128 (Gemma 3's 640) and K = 64 (mod 128) for the 32-value
-    formats, 4 super-blocks for the K-quants; 1 to 16 rows (passes of 8 and a remainder), 4-row passes of
-    weight rows and a remainder; rows of zeros and of one huge value beside ordinary ones."""
+    batched and fused kernels cut differently: K of 5 groups of 128 (Gemma 3's 640), K = 64 and 32 (mod 128) for
+    the 32-value formats, 4 super-blocks for the K-quants; 1 to 16 rows (passes of 8 and a remainder), 4-row
+    passes of weight rows and a remainder; rows of zeros and of one huge value beside ordinary ones."""
     rng = np.random.default_rng(int(t) + 11 * nth)
     be, _ = _block(t)
-    for K in ((640, 576) if be == 32 else (1024,)):
+    for K in ((640, 576, 544) if be == 32 else (1024,)):
         M = 23
         w = random_blocks(t, M * K // be, rng)
         x = rng.standard_normal((16, K)).astype(np.float32)

@@ -28,7 +28,9 @@ BACKENDS = [i.name for i in pc.backends()]
 # Kernels that quantize the activations as ggml does: measured max error / row magnitude over the 19
 # formats at 1, 5 and 37 rows: csimd 9e-9..1.3e-7 (Q4_K/Q5_K at 5 and 37 rows the largest), IQ4_NL and
 # MXFP4 0 (bit-identical), TQ1_0/TQ2_0 9.1e-8 (1 row), 2.0e-7 (5), 5.4e-7 (37); numba's integer path
-# (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K under its row threshold: here 1 and 5 rows) 2.3e-8..7.6e-8.
+# (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K under its row threshold: here 1 and 5 rows) 2.3e-8..7.6e-8; since it serves
+# every row count, Q4_1 1.5e-7, Q5_1 1.3e-7, Q2_K 8.4e-8, Q3_K 4.0e-8, Q5_K 8.2e-8 (1, 5, 37 rows; the AVX-512
+# VNNI and the AVX2 code alike).
 SAME_ROUNDING = 3e-7
 SAME_ROUNDING_TERNARY = 8e-7  # TQ1_0, TQ2_0: ggml itself is 5.4e-7 off the float64 emulation at 37 rows
 # numpy reference against the float64 product of the dequantized weights: measured 3.3e-8. Against

@@ -19,7 +19,7 @@ import test_numba_quant
 from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 from test_csimd_quant import random_blocks
-from test_numba_quant import _gguf_values, _qtensor, activation_values, int_path
+from test_numba_quant import _gguf_values, _qtensor, activation_values, int_path, stored_sum_part
 
 import prism_core as pc
 from prism_core.quant import quantize_activations
@@ -27,7 +27,9 @@ from prism_core.types import TRAITS, GGMLType
 
 nb, mode = test_numba_quant.nb, test_numba_quant.mode  # the numba backend and serial/parallel fixtures
 
-INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.IQ4_NL, GT.IQ4_XS, GT.MXFP4)
+CODE_BOOK_FORMATS = (GT.IQ4_NL, GT.IQ4_XS, GT.MXFP4)
+INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.Q4_1, GT.Q5_1, GT.Q5_K, GT.Q2_K, GT.Q3_K,
+               *CODE_BOOK_FORMATS)
 try:
     from prism_numba._qvec import (
         INT_PATH,  # taken on AVX-512 VNNI, AVX-VNNI, AVX2 CPUs
@@ -39,8 +41,8 @@ except ImportError:  # numba missing: the fixture skips every test
 # the vector code's byte offsets (Q8_0's is 0 on AVX2, which takes the sign trick instead; so do IQ4_NL's and
 # IQ4_XS's code-book values -127..113 there, raised by 128 elsewhere; MXFP4's -12..12 are raised by 12)
 IQ4_OFFSET = 0 if MODE == "avx2" else 128
-OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: Q8_0_BIAS, GT.Q4_K: 0, GT.Q6_K: 32, GT.IQ4_NL: IQ4_OFFSET,
-          GT.IQ4_XS: IQ4_OFFSET, GT.MXFP4: 12}
+OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: Q8_0_BIAS, GT.Q4_K: 0, GT.Q6_K: 32, GT.Q4_1: 0, GT.Q5_1: 0, GT.Q5_K: 0,
+          GT.Q2_K: 0, GT.Q3_K: 4, GT.IQ4_NL: IQ4_OFFSET, GT.IQ4_XS: IQ4_OFFSET, GT.MXFP4: 12}
 
 
 def _edge_row(rng: np.random.Generator) -> np.ndarray:
@@ -65,23 +67,27 @@ def test_activations_match_quantize_activations(nb, t):
     rng = np.random.default_rng(int(t))
     x = _edge_row(rng)
     k = len(x)
+    sums = 16 if t == GT.Q2_K else 32  # values per activation sum (Q2_K's mins are per 16 values)
     xq, xc = np.empty(k, np.int8), np.empty(k // 4, np.int32)
-    xb = np.empty(k // 32, np.int32)
+    xb = np.empty(k // sums, np.int32)
     vt = TRAITS[GGMLType(int(t))].vec_dot_type
     per = 256 if vt == GGMLType.Q8_K else 32
-    xd = np.empty(k // per, np.float32)
+    xd = np.empty(k // per * (2 if vt == GGMLType.Q8_1 else 1), np.float32)
     assert quantize_row(int(t), x, xq, xc, xd, xb, 0)
     ref = quantize_activations(x, vt).reshape(k // per, -1)
-    if per == 32:  # Q8_0: fp16 d, 32 int8
+    if vt == GGMLType.Q8_0:  # fp16 d, 32 int8
         want_q = ref[:, 2:].view(np.int8).reshape(-1)
         want_d = ref[:, :2].copy().view(np.float16).astype(np.float32).reshape(-1)
+    elif vt == GGMLType.Q8_1:  # fp16 d, fp16 s (the block sum), 32 int8: xd holds (d, s) per block
+        want_q = ref[:, 4:].view(np.int8).reshape(-1)
+        want_d = ref[:, :4].copy().view(np.float16).astype(np.float32).reshape(-1)
     else:  # Q8_K: float32 d, 256 int8, 16 int16 sums
         want_q = ref[:, 4:260].view(np.int8).reshape(-1)
         want_d = ref[:, :4].copy().view(np.float32).reshape(-1)
     assert np.array_equal(xq, want_q)
     assert np.array_equal(xd.view(np.uint32), want_d.view(np.uint32))
     q = want_q.astype(np.int64)
-    assert np.array_equal(xb, q.reshape(-1, 32).sum(axis=1))
+    assert np.array_equal(xb, q.reshape(-1, sums).sum(axis=1))
     assert np.array_equal(xc, -OFFSET[t] * q.reshape(-1, 4).sum(axis=1))
 
 
@@ -94,10 +100,10 @@ def test_non_finite_activations_are_not_quantized(nb):
     assert not any(b.any() for b in bufs)
 
 
-def _check(got: np.ndarray, xv: np.ndarray, av: np.ndarray) -> None:
-    """got[..., n, m] against sum_k xv[..., n, k] av[..., m, k] in float64, relative to the sum of
-    the products' magnitudes (float32 sums of exact integer dot products)."""
-    want = np.einsum("...nk,...mk->...nm", xv, av)
+def _check(got: np.ndarray, xv: np.ndarray, av: np.ndarray, extra: np.ndarray | float = 0.0) -> None:
+    """got[..., n, m] against sum_k xv[..., n, k] av[..., m, k] (+ extra: stored_sum_part) in float64,
+    relative to the sum of the products' magnitudes (float32 sums of exact integer dot products)."""
+    want = np.einsum("...nk,...mk->...nm", xv, av) + extra
     scale = np.einsum("...nk,...mk->...nm", np.abs(xv), np.abs(av)) + 1e-30
     assert np.max(np.abs(got - want) / scale) < 1e-5
 
@@ -120,7 +126,10 @@ def test_products(nb, mode, t):
             assert int_path(out) == INT_PATH
             got = out.numpy().reshape(n, 37)
             assert not got[:, 3].any()
-            _check(got, activation_values(bv, t) if INT_PATH else bv.astype(np.float64), av)
+            if INT_PATH:
+                _check(got, activation_values(bv, t), av, stored_sum_part(bv, t, a.raw()))
+            else:
+                _check(got, bv.astype(np.float64), av)
 
 
 def _ggml_product(t: GT, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -130,7 +139,7 @@ def _ggml_product(t: GT, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
     return ggml_mul_mat(GGMLType(int(t)), blocks, x)
 
 
-@pytest.mark.parametrize("t", INT_FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", CODE_BOOK_FORMATS, ids=lambda t: t.name)
 def test_products_agree_with_ggml(nb, t):
     """The integer path against ggml's own product on the same bytes (ggml-python's CPU backend, which quantizes
     the activations the same way): equal but for the order of the float32 sums of the exact per-block integer
@@ -156,7 +165,7 @@ def test_products_agree_with_ggml(nb, t):
         assert np.count_nonzero(want[:, :7]) > 0 and np.count_nonzero(got[:, :7]) > 0
 
 
-@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K, GT.Q2_K), ids=lambda t: t.name)
 def test_broadcast_and_permuted(nb, mode, t):
     """a (2 matrices) broadcast onto b (3 x 4 matrices of 2 rows, permuted in memory): 2 * 3 * 2 = 12
     activation rows per weight matrix, the integer path."""
@@ -253,8 +262,9 @@ def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
     integer-path formats; (its results, the cases, the fp16 rounding inputs)."""
     rng = np.random.default_rng(3)
     cases = []
-    for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256), (GT.IQ4_NL, 352),
-                 (GT.IQ4_XS, 512), (GT.MXFP4, 288)):
+    for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256), (GT.Q4_1, 352),
+                 (GT.Q5_1, 288), (GT.Q5_K, 512), (GT.Q2_K, 512), (GT.Q3_K, 512), (GT.IQ4_NL, 352), (GT.IQ4_XS, 512),
+                 (GT.MXFP4, 288)):
         m = 6
         raw = random_blocks(t, m * k // TRAITS[GGMLType(int(t))].blck_size, rng).reshape(1, 1, m, -1)
         np.save(tmp_path / f"a{int(t)}_{k}.npy", raw)

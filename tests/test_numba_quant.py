@@ -76,6 +76,23 @@ def activation_values(bv: np.ndarray, t: GT) -> np.ndarray:
     return _gguf_values(blocks, GT(int(vt))).reshape(bv.shape).astype(np.float64)
 
 
+def stored_sum_part(bv: np.ndarray, t: GT, blocks: np.ndarray) -> np.ndarray | float:
+    """The part of ggml's integer product of weight blocks (t; [M, row bytes]) and activation rows bv [N, K] that
+    the activation values leave out: with Q8_1 activations (Q4_1, Q5_1 weights) ggml adds each weight block's min
+    m times the activation block's stored s = fp16(d * sum(q)), not d_fp16 * sum(q); sum over blocks of
+    m * (s - d * sum(q)), [N, M] (0 for the other formats, where the activations' values are the whole story)."""
+    vt = TRAITS[GGMLType(int(t))].vec_dot_type
+    if vt != GGMLType.Q8_1:
+        return 0.0
+    xa = quantize_activations(bv, vt).reshape(len(bv), -1, TRAITS[vt].type_size)
+    d = xa[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    s = xa[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    q = xa[..., 4:].view(np.int8).astype(np.float64).sum(axis=2)
+    wb = blocks.reshape(-1, bv.shape[1] // 32, TRAITS[GGMLType(int(t))].type_size)
+    mins = wb[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return (s - d * q) @ mins.T
+
+
 def int_path(node: pc.Tensor) -> bool:
     from prism_numba.kernels_quant import int_path
     return int_path(node)
@@ -83,8 +100,8 @@ def int_path(node: pc.Tensor) -> bool:
 
 @pytest.mark.parametrize("t", WEIGHTS, ids=lambda t: t.name)
 def test_mul_mat_against_float64(nb, mode, t):
-    """Against float64 on the decoded weights and, on the integer path (its five formats), on
-    the activations as quantized for it (ggml's rounding): float32 sums of exact integer dots."""
+    """Against float64 on the decoded weights and, on the integer path, on the activations as quantized for it
+    (ggml's rounding; with Q8_1's stored block sums for Q4_1/Q5_1): float32 sums of exact integer dots."""
     rng = np.random.default_rng(100 + int(t))
     k = max(256, TRAITS[GGMLType(int(t))].blck_size) * 2
     for m, n in ((13, 1), (13, 3), (17, 5), (13, 32)):  # odd row counts: the row groups have a tail
@@ -94,8 +111,9 @@ def test_mul_mat_against_float64(nb, mode, t):
         out = pc.mul_mat(a, ctx.from_numpy(bv))
         pc.compute(pc.Graph().expand(out), nb, strict=True)
         got = out.numpy().reshape(n, m)
-        xv = activation_values(bv, t) if int_path(out) else bv.astype(np.float64)
-        want = xv @ av.T
+        on_int = int_path(out)
+        xv = activation_values(bv, t) if on_int else bv.astype(np.float64)
+        want = xv @ av.T + (stored_sum_part(bv, t, a.raw()) if on_int else 0.0)
         assert np.all(got[:, 0] == 0) and np.all(got[:, m - 1] == 0)
         scale = np.abs(xv) @ np.abs(av).T + 1e-30
         assert np.max(np.abs(got - want) / scale) < 1e-5, (m, n)

@@ -1,8 +1,8 @@
 """The integer path of the quantized matrix-vector product (this module imports numba).
 
 As ggml's CPU backend does: each activation row is quantized once to the weight's vec_dot type
-(Q8_0 for Q4_0, Q5_0 and Q8_0 weights, with the x86 rounding of prism_core.quant's
-``quantize_activations``; Q8_K for Q4_K and Q6_K, the reference quantizer), then every weight
+(Q8_0 for Q4_0, Q5_0 and Q8_0 weights and Q8_1 for Q4_1 and Q5_1, with the x86 rounding of
+prism_core.quant's ``quantize_activations``; Q8_K for the K-quants, the reference quantizer), then every weight
 block is dotted with it in integer arithmetic (the vector code of :mod:`._qvec`) and scaled once
 per block (per super-block for the K-quants, whose sub-block scales are integers). An activation
 row holding a NaN or an infinity is not quantized: its dot products take the float path
@@ -19,8 +19,9 @@ from prism_core.types import GGMLType, traits
 
 from . import _jit_qdot_table as QT
 from . import _qvec as V
-from ._jit_quant import Q4_0, Q4_K, Q5_0, Q6_K, Q8_0, _i8, decode_row
+from ._jit_quant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _i8, decode_row
 from ._jit_qwalk import block_walk
+from ._qvec_low_k import low_k_superblocks
 
 # Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
 # another than the last process did, and numba keys its cache by source and CPU, not by what the
@@ -31,14 +32,17 @@ _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)
 # The weight formats with an integer path (ggml type ids), with what the vector code subtracts from
 # their unsigned weight bytes (see _qvec); tables of that and of a block's bytes (the core's type
 # traits), indexed by the type id.
-_INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_K, 0), (Q6_K, 32)) + QT.INT_PATH
+_INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_1, 0), (Q5_1, 0), (Q4_K, 0), (Q6_K, 32), (Q5_K, 0),
+             (Q2_K, 0), (Q3_K, 4)) + QT.INT_PATH
 INT_FORMATS = frozenset(fmt for fmt, _ in _INT_PATH)
 _OFFSETS = np.zeros(max(INT_FORMATS) + 1, np.int64)
 _BLOCK_BYTES = np.zeros(max(INT_FORMATS) + 1, np.int64)
-_ACT_BLOCK = np.zeros(max(INT_FORMATS) + 1, np.int64)  # values per activation scale: 256 for Q8_K, 32 for Q8_0
+# values per entry of the activation scales xd: 32 (Q8_0: d), 16 (Q8_1: d and the block sum s), 256 (Q8_K)
+_PER_SCALE = np.zeros(max(INT_FORMATS) + 1, np.int64)
 for _fmt, _off in _INT_PATH:
     _OFFSETS[_fmt], _BLOCK_BYTES[_fmt] = _off, traits(GGMLType(_fmt)).type_size
-    _ACT_BLOCK[_fmt] = traits(traits(GGMLType(_fmt)).vec_dot_type).blck_size
+    _vt = traits(GGMLType(_fmt)).vec_dot_type
+    _PER_SCALE[_fmt] = 256 if _vt == GGMLType.Q8_K else 16 if _vt == GGMLType.Q8_1 else 32
 
 
 @njit(inline="always", **_OPTS)
@@ -52,8 +56,19 @@ def _block_bytes(fmt):
 
 
 @njit(inline="always", **_OPTS)
-def _act_block(fmt):
-    return _ACT_BLOCK[fmt]
+def _per_scale(fmt):
+    return _PER_SCALE[fmt]
+
+
+@njit(inline="always", **_OPTS)
+def _k_quant(fmt):
+    return _PER_SCALE[fmt] == 256
+
+
+@njit(inline="always", **_OPTS)
+def _per_sum(fmt):
+    """Values per activation sum in xb: 16 for Q2_K (its mins are per 16 values), else 32."""
+    return 16 if fmt == Q2_K else 32
 
 
 # ------------------------------------------------------------------ activations
@@ -67,20 +82,22 @@ def _nearest_int(v):
 @njit(**_OPTS)
 def quantize_row(fmt, x, xq, xc, xd, xb, xo):
     """Quantize the float32 row x to the activations of fmt's dot product: int8 values at
-    xq[xo:], per block (32 values, or 256 for the K-quants) the scale at xd[xo // block], per
-    four values -offset(fmt) times their sum at xc[xo // 4], per 32 values their sum at
-    xb[xo // 32]. False (and nothing written) when x holds a NaN or an infinity.
+    xq[xo:], per block (32 values, or 256 for the K-quants) the scale at xd[xo // block] (Q8_1: the
+    scale and the block sum at xd[xo // 16:][2 * block:]), per four values -offset(fmt) times their
+    sum at xc[xo // 4], per 32 values (16 for Q2_K) their sum at xb[xo // 32] (xb[xo // 16]).
+    False (and nothing written) when x holds a NaN or an infinity.
 
     Q8_0 as ggml-cpu's x86 quantize_row_q8_0: d = amax / 127 rounded to fp16, the values
     x * (127 / amax) rounded half to even (an infinite multiplier, from subnormal data, gives
-    -128 as the AVX conversion does). Q8_K as quantize_row_q8_K_ref: the signed value of largest
-    magnitude (the first one) m, iscale = -127 / m, min(127, nearest_int(iscale * x)) kept in an
-    int8, d = 1 / iscale."""
+    -128 as the AVX conversion does). Q8_1 as its quantize_row_q8_1: the same, and s = fp16 of
+    float32(the int32 sum of the converted values, before they saturate to int8) * amax / 127.
+    Q8_K as quantize_row_q8_K_ref: the signed value of largest magnitude (the first one) m,
+    iscale = -127 / m, min(127, nearest_int(iscale * x)) kept in an int8, d = 1 / iscale."""
     nk = x.shape[0]
     for j in range(nk):
         if not np.isfinite(x[j]):
             return False
-    if _act_block(fmt) == 256:
+    if _k_quant(fmt):
         for ib in range(nk // 256):
             amax = np.float32(0.0)
             mx = np.float32(0.0)
@@ -99,24 +116,35 @@ def quantize_row(fmt, x, xq, xc, xd, xb, xo):
                 xq[xo + ib * 256 + j] = min(127, _nearest_int(iscale * x[ib * 256 + j]))
             xd[xo // 256 + ib] = np.float32(1.0) / iscale
     else:
+        q81 = _per_scale(fmt) == 16
         for ib in range(nk // 32):
             amax = np.float32(0.0)
             for j in range(32):
                 amax = max(amax, abs(x[ib * 32 + j]))
-            xd[xo // 32 + ib] = V.f16_round(amax / np.float32(127.0))
+            d = amax / np.float32(127.0)
             mul = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            lanes = np.int64(0)
             for j in range(32):
                 v = np.rint(x[ib * 32 + j] * mul)
-                xq[xo + ib * 32 + j] = max(-128, min(127, np.int64(v))) if abs(v) < 2.0 ** 31 else -128
+                lane = np.int64(v) if abs(v) < 2.0 ** 31 else np.int64(-(2 ** 31))
+                lanes += lane
+                xq[xo + ib * 32 + j] = max(-128, min(127, lane))
+            if q81:
+                lanes = ((lanes + 2 ** 31) & 0xFFFFFFFF) - 2 ** 31  # the int32 sum wraps
+                xd[xo // 16 + 2 * ib] = V.f16_round(d)
+                xd[xo // 16 + 2 * ib + 1] = V.f16_round(np.float32(lanes) * d)
+            else:
+                xd[xo // 32 + ib] = V.f16_round(d)
     off = _offset(fmt)
     for t in range(nk // 4):
         p = xo + 4 * t
         xc[xo // 4 + t] = -off * (np.int32(xq[p]) + np.int32(xq[p + 1]) + np.int32(xq[p + 2]) + np.int32(xq[p + 3]))
-    for t in range(nk // 32):
+    per = _per_sum(fmt)
+    for t in range(nk // per):
         s = np.int32(0)
-        for j in range(32):
-            s += np.int32(xq[xo + 32 * t + j])
-        xb[xo // 32 + t] = s
+        for j in range(per):
+            s += np.int32(xq[xo + per * t + j])
+        xb[xo // per + t] = s
     return True
 
 
@@ -128,10 +156,10 @@ COLS = 4  # activation rows per unpacking of a weight block (block_dot)
 
 
 def _legacy_walk(rows: int, cols: int):
-    """_jit_qwalk.block_walk of Q8_0, Q4_0 and Q5_0 (the vector code of _qvec; the same float32 operations for
-    every (rows, cols))."""
-    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2 = (V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0")
-                                          for p in (4, 1))
+    """_jit_qwalk.block_walk of Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 (the vector code of _qvec; the same float32
+    operations for every (rows, cols))."""
+    chunks = [V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1") for p in (4, 1)]
+    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2, q41_8, q41_2, q51_8, q51_2 = chunks
 
     @njit(inline="always", **_OPTS)
     def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
@@ -139,36 +167,48 @@ def _legacy_walk(rows: int, cols: int):
             return q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
         if fmt == Q4_0:
             return q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
-        return q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q5_0:
+            return q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q4_1:
+            return q41_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q41_2(a, o, ws, xq, xc, xd, xi, nk)
+        return q51_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q51_2(a, o, ws, xq, xc, xd, xi, nk)
     return block_walk(rows, cols, pick, _legacy_tail, _block_bytes)
 
 
 @njit(**_OPTS)
 def _legacy_tail(fmt, a, o, xq, xd, xo):
-    """One 32-value block (the odd last one of a row), in scalar code: the same integer sum."""
+    """One 32-value block (the odd last one of a row), in scalar code: the same integer sum (and for
+    Q4_1/Q5_1 the min times the activations' block sum)."""
     s = np.int64(0)
     qh = np.int64(0)
-    if fmt == Q5_0:
+    five = fmt == Q5_0 or fmt == Q5_1
+    q0 = 8 if fmt == Q5_1 else 6 if fmt == Q5_0 else 4 if fmt == Q4_1 else 2
+    if five:
         for i in range(4):
-            qh |= V.byte_at(a, o + 2 + i) << (8 * i)
+            qh |= V.byte_at(a, o + q0 - 4 + i) << (8 * i)
+    off = _offset(fmt)
     for j in range(16):
         if fmt == Q8_0:
             w0 = _i8(V.byte_at(a, o + 2 + j))
             w1 = _i8(V.byte_at(a, o + 18 + j))
-        elif fmt == Q4_0:
-            v = V.byte_at(a, o + 2 + j)
-            w0 = (v & 0xF) - 8
-            w1 = (v >> 4) - 8
         else:
-            v = V.byte_at(a, o + 6 + j)
-            w0 = ((v & 0xF) | (((qh >> j) & 1) << 4)) - 16
-            w1 = ((v >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16
+            v = V.byte_at(a, o + q0 + j)
+            w0 = (v & 0xF) - off
+            w1 = (v >> 4) - off
+            if five:
+                w0 += ((qh >> j) & 1) << 4
+                w1 += ((qh >> (j + 16)) & 1) << 4
         s += w0 * np.int64(xq[xo + j]) + w1 * np.int64(xq[xo + 16 + j])
+    if fmt == Q4_1 or fmt == Q5_1:
+        return V.half_at(a, o) * xd[xo // 16] * np.float32(s) + V.half_at(a, o + 2) * xd[xo // 16 + 1]
     return V.half_at(a, o) * xd[xo // 32] * np.float32(s)
 
 
 _Q4_K, _Q4_KB = V.q4_k_superblocks(1), V.q4_k_superblocks(COLS)
+_Q5_K, _Q5_KB = V.q4_k_superblocks(1, "Q5_K"), V.q4_k_superblocks(COLS, "Q5_K")
 _Q6_K, _Q6_KB = V.q6_k_superblocks(1), V.q6_k_superblocks(COLS)
+_Q2_K, _Q2_KB = low_k_superblocks("Q2_K", 1), low_k_superblocks("Q2_K", COLS)
+_Q3_K, _Q3_KB = low_k_superblocks("Q3_K", 1), low_k_superblocks("Q3_K", COLS)
 _walk_1x1, _walk_rows, _walk_block = _legacy_walk(1, 1), _legacy_walk(ROWS, 1), _legacy_walk(ROWS, COLS)
 
 
@@ -188,11 +228,23 @@ def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
         if cols == 1:
             if fmt == Q4_K:
                 s0 += _Q4_K(a, o, xq, xb, xd, xi, nk)
+            elif fmt == Q5_K:
+                s0 += _Q5_K(a, o, xq, xb, xd, xi, nk)
+            elif fmt == Q2_K:
+                s0 += _Q2_K(a, o, xq, xc, xb, xd, xi, nk)
+            elif fmt == Q3_K:
+                s0 += _Q3_K(a, o, xq, xc, xb, xd, xi, nk)
             else:
                 s0 += xd[xi // 256] * V.half_at(a, o + 208) * np.float32(_Q6_K(a, o, xq, xc, xi, nk))
             continue
         if fmt == Q4_K:
             t0, t1, t2, t3 = _Q4_KB(a, o, xq, xb, xd, xi, nk)
+        elif fmt == Q5_K:
+            t0, t1, t2, t3 = _Q5_KB(a, o, xq, xb, xd, xi, nk)
+        elif fmt == Q2_K:
+            t0, t1, t2, t3 = _Q2_KB(a, o, xq, xc, xb, xd, xi, nk)
+        elif fmt == Q3_K:
+            t0, t1, t2, t3 = _Q3_KB(a, o, xq, xc, xb, xd, xi, nk)
         else:
             i0, i1, i2, i3 = _Q6_KB(a, o, xq, xc, xi, nk)
             h = V.half_at(a, o + 208)
@@ -218,7 +270,7 @@ def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
     (acc: scratch of ROWS * COLS float32)."""
     if QT.is_table(fmt):
         return _table_row(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc)
-    if fmt == Q4_K or fmt == Q6_K:
+    if _k_quant(fmt):
         _k_quant_dots(fmt, a, wo, xq, xc, xd, xb, xo, nk, 1, acc)
     else:
         _walk_1x1(fmt, a, wo, 0, xq, xc, xd, xb, xo, nk, acc)
@@ -231,7 +283,7 @@ def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     each activation load among the rows."""
     if QT.is_table(fmt):
         _table_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
-    elif fmt == Q4_K or fmt == Q6_K:
+    elif _k_quant(fmt):
         for r in range(ROWS - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
             acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
     else:
@@ -245,7 +297,7 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     the arithmetic of each product that of row_dot."""
     if QT.is_table(fmt):
         _table_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
-    elif fmt == Q4_K or fmt == Q6_K:
+    elif _k_quant(fmt):
         for r in range(ROWS - 1, -1, -1):  # the last row first: acc[r * COLS:] is written after acc[0:4] is read
             _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, COLS, acc)
             for c in range(COLS):
@@ -338,11 +390,10 @@ def _kernel(mode: str):
         a3, a2 = a.shape[0], a.shape[1]
         nk = b.shape[3]
         nr = n3 * n2 * nn
-        per = _act_block(fmt)
         xq = np.empty(nr * nk, np.int8)
         xc = np.empty(nr * nk // 4, np.int32)
-        xd = np.empty(nr * (nk // per), np.float32)
-        xb = np.empty(nr * (nk // 32), np.int32)
+        xd = np.empty(nr * (nk // _per_scale(fmt)), np.float32)
+        xb = np.empty(nr * (nk // _per_sum(fmt)), np.int32)
         finite = np.empty(nr, np.bool_)
         for t in prange(nr):
             q = t % nn

@@ -156,19 +156,23 @@ def _nibbles(b: ir.IRBuilder, q) -> tuple:
 
 # ------------------------------------------------------------------ 32-value blocks
 #: (block bytes, offset of the quants) of the 32-value formats with an integer path
-LEGACY_LAYOUT = {"Q4_0": (18, 2), "Q5_0": (22, 6), "Q8_0": (34, 2)}
+LEGACY_LAYOUT = {"Q4_0": (18, 2), "Q5_0": (22, 6), "Q8_0": (34, 2), "Q4_1": (20, 4), "Q5_1": (24, 8)}
+#: the formats whose blocks add a min m (fp16 at byte 2): paired with Q8_1 activations, whose block sum s
+#: (fp16 of d times the sum of the 32 int8 values) carries it, m * s per block
+WITH_MIN = ("Q4_1", "Q5_1")
 
 
 def _block_u8(fmt: str, context, b, wty, w, o):
-    """Block at byte o of w as 32 unsigned bytes, values 0..15 (Q4_0), 0..31 (Q5_0), int8 + 128 (Q8_0)."""
+    """Block at byte o of w as 32 unsigned bytes, values 0..15 (Q4_0, Q4_1), 0..31 (Q5_0, Q5_1), int8 + 128
+    (Q8_0)."""
     bs, q0 = LEGACY_LAYOUT[fmt]
     if fmt == "Q8_0":
         q = _load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 32))
         return q if Q8_0_BIAS == 0 else b.xor(q, _const(I8, 32, 0x80))
     lo, hi = _nibbles(b, _load(context, b, wty, w, b.add(o, ir.Constant(I64, q0)), vec(I8, 16)))
     u = _concat(b, lo, hi)  # value j is the low nibble of byte j, value 16 + j its high nibble
-    if fmt == "Q5_0":  # bit j of the 32-bit qh at byte 2 is value j's fifth bit
-        bits = b.bitcast(_load(context, b, wty, w, b.add(o, ir.Constant(I64, 2)), I32), vec(I1, 32))
+    if fmt in ("Q5_0", "Q5_1"):  # bit j of the 32-bit qh just before the quants is value j's fifth bit
+        bits = b.bitcast(_load(context, b, wty, w, b.add(o, ir.Constant(I64, q0 - 4)), I32), vec(I1, 32))
         u = b.or_(u, b.select(bits, _const(I8, 32, 16), _const(I8, 32, 0)))
     return u
 
@@ -184,15 +188,16 @@ def legacy_codec(fmt: str) -> tuple:
 
 
 def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1, codec: tuple | None = None):
-    """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> a tuple of ``rows * cols`` float32 (entry
-    r * cols + c): the dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8),
-    2 * pairs blocks of format fmt each, with ``cols`` int8 activation rows xq[xo + c * xs:]
-    (whole blocks; per block the fp16-rounded scale in xd[. // 32], per four values the offset term
-    in xc[. // 4]). Each weight block is unpacked once for every activation row and each activation
-    load serves every weight row; per (row, column) the arithmetic is that of rows = cols = 1 (d_w * d_x
-    times the exact integer sum, fused into float32 lanes in block order, one horizontal sum), so a
-    product does not depend on which other rows share the call. codec: the format's legacy_codec (by default
-    this module's), the way other modules' 32-value formats share this code (_qvec_table)."""
+    """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> a tuple of ``rows * cols`` float32 (entry r * cols + c): the
+    dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8), 2 * pairs blocks of format fmt
+    each, with ``cols`` int8 activation rows xq[xo + c * xs:] (whole blocks; per block the fp16-rounded scale in
+    xd[. // 32], per four values the offset term in xc[. // 4]; for Q4_1/Q5_1, Q8_1 activations: per block the scale
+    and the block sum s, in xd[. // 16:][:2], and the weight block's min m adds m * s). Each weight block is
+    unpacked once for every activation row and each activation load serves every weight row; per (row, column) the
+    arithmetic is that of rows = cols = 1 (d_w * d_x times the exact integer sum, fused into float32 lanes in block
+    order, one horizontal sum), so a product does not depend on which other rows share the call. codec: the
+    format's legacy_codec (by default this module's), the way other modules' 32-value formats share this code
+    (_qvec_table)."""
     bs, unpack, scale, sign = codec or legacy_codec(fmt)
 
     @intrinsic
@@ -204,21 +209,32 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1, codec: tuple | 
             wty, _, _, qty, cty, dty, _, _ = signature.args
             w_, wo_, ws_, xq_, xc_, xd_, xo_, xs_ = args
             acc = [ir.Constant(vec(F32, 16), [0.0] * 16)] * n
+            with_min = fmt in WITH_MIN
+            macc = [ir.Constant(vec(F32, 2), [0.0, 0.0])] * n  # the m * s terms, one lane per block of a pair
             for p in range(pairs):
-                s, c, dx = [], [], []
+                s, c, dx, sx = [], [], [], []
                 for j in range(cols):
                     xi = b.add(b.add(xo_, b.mul(xs_, ir.Constant(I64, j))), ir.Constant(I64, 64 * p))
                     s.append(_load(context, b, qty, xq_, xi, vec(I8, 64)))
                     c.append(_load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16)) if not sign
                              else ir.Constant(vec(I32, 16), [0] * 16))  # no offset: the sign trick
-                    dx.append(_load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 5)), vec(F32, 2)))
+                    if with_min:  # (d0, s0, d1, s1)
+                        ds = _load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 4)), vec(F32, 4))
+                        dx.append(_shuffle(b, ds, ds, [0, 2]))
+                        sx.append(_shuffle(b, ds, ds, [1, 3]))
+                    else:
+                        dx.append(_load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 5)), vec(F32, 2)))
                 for r in range(rows):
                     o0 = b.add(b.add(wo_, b.mul(ws_, ir.Constant(I64, r))), ir.Constant(I64, 2 * p * bs))
                     o1 = b.add(o0, ir.Constant(I64, bs))
                     u0 = _concat(b, unpack(context, b, wty, w_, o0), unpack(context, b, wty, w_, o1))
                     dw = ir.Constant(vec(F32, 2), [0.0, 0.0])
+                    mw = ir.Constant(vec(F32, 2), [0.0, 0.0])
                     for i, oi in enumerate((o0, o1)):
                         dw = b.insert_element(dw, scale(context, b, wty, w_, oi), ir.Constant(I32, i))
+                        if with_min:
+                            m = _f16(context, b, wty, w_, b.add(oi, ir.Constant(I64, 2)))
+                            mw = b.insert_element(mw, m, ir.Constant(I32, i))
                     for j in range(cols):
                         u, su = u0, s[j]
                         if sign == "w":  # u holds the signed weights
@@ -228,7 +244,11 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1, codec: tuple | 
                         lanes = b.sitofp(_dpbusd(b, c[j], u, su), vec(F32, 16))
                         d = b.fmul(dw, dx[j])
                         acc[r * cols + j] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r * cols + j])
+                        if with_min:
+                            macc[r * cols + j] = _fma(b, mw, sx[j], macc[r * cols + j])
             sums = [_hsum(b, a) for a in acc]
+            if with_min:
+                sums = [b.fadd(x, _hsum(b, m)) for x, m in zip(sums, macc)]
             return context.make_tuple(b, signature.return_type, sums)
         return sig, codegen
     return chunk
@@ -249,12 +269,12 @@ def _k4_scales_mins(b: ir.IRBuilder, s):
     return sc, mn
 
 
-def q4_k_superblocks(cols: int):
-    """An intrinsic f(w, wo, xq, xb, xd, xo, xs) -> ``cols`` float32 (a tuple when cols > 1): the dot
-    products of the Q4_K super-block at byte wo of w with the Q8_K activations xq[xo + c * xs:][:256]
-    (scale xd[. // 256], sums per 32 values xb[. // 32:]): dx * d * sum_j scale_j * (the integer sum of
-    sub-block j) - dx * dmin * sum_j min_j * xb_j. The weight nibbles and scales are unpacked once for
-    every column; per column the arithmetic is that of cols = 1."""
+def q4_k_superblocks(cols: int, fmt: str = "Q4_K"):
+    """An intrinsic f(w, wo, xq, xb, xd, xo, xs) -> ``cols`` float32 (a tuple when cols > 1): the dot products of
+    the Q4_K (or Q5_K: a fifth bit per value from its 32 qh bytes) super-block at byte wo of w with the Q8_K
+    activations xq[xo + c * xs:][:256] (scale xd[. // 256], sums per 32 values xb[. // 32:]): dx * d * sum_j scale_j
+    * (the integer sum of sub-block j) - dx * dmin * sum_j min_j * xb_j. The weight nibbles and scales are unpacked
+    once for every column; per column the arithmetic is that of cols = 1."""
     @intrinsic
     def superblock(typingctx, w, wo, xq, xb, xd, xo, xs):
         ret = types.float32 if cols == 1 else types.UniTuple(types.float32, cols)
@@ -268,8 +288,14 @@ def q4_k_superblocks(cols: int):
             mn = b.zext(mn, vec(I32, 8))
             xi = [b.add(xo_, b.mul(xs_, ir.Constant(I64, c))) for c in range(cols)]
             acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
+            qs = 16 if fmt == "Q4_K" else 48
+            if fmt == "Q5_K":  # bit 2j of qh byte l: value 64j + l's fifth bit, bit 2j + 1: value 64j + 32 + l's
+                qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 16)), vec(I8, 32))
             for j in range(4):  # 32 bytes: low nibbles sub-block 2j, high nibbles sub-block 2j + 1
-                lo, hi = _nibbles(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 16 + 32 * j)), vec(I8, 32)))
+                lo, hi = _nibbles(b, _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, qs + 32 * j)), vec(I8, 32)))
+                if fmt == "Q5_K":
+                    lo, hi = (b.or_(v, b.shl(b.and_(b.lshr(qh, _const(I8, 32, 2 * j + i)), _const(I8, 32, 1)),
+                                             _const(I8, 32, 4))) for i, v in enumerate((lo, hi)))
                 u = _concat(b, lo, hi)
                 scj = _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)
                 for c in range(cols):
