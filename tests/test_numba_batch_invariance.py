@@ -3,7 +3,8 @@ gives alone, whatever the number of rows beside it (1..64: the old switch points
 24/32 rows for the quantized formats included), its position among them and their values (a row holding
 a NaN among them too), at 1 and 2 threads, with the serial compilation (small nodes) and the thread-pool
 one (large nodes) both in play. The formats of Gemma 3's Q4_K_M file (Q8_0, Q5_0, Q4_K, Q6_K), the other
-integer-path formats (Q4_0; Q4_1 and Q5_1 with Q8_1 activations; Q5_K, Q2_K, Q3_K), TQ2_0 (the float path: no
+integer-path formats (Q4_0; Q4_1 and Q5_1 with Q8_1 activations; Q5_K, Q2_K, Q3_K; the code-book formats
+IQ4_NL, IQ4_XS and MXFP4, a byte shuffle of the indices), TQ2_0 (the float path: no
 integer kernel) and F32/F16 weights. This is what
 lets a continuous-batching engine give each sequence its solo output (tests/test_engine.py)."""
 
@@ -23,9 +24,10 @@ M = 45  # weight rows: not a multiple of 4 or 8, so every kernel's row-group tai
 # values per row: several k blocks of the F32 kernels (512) with a remainder that is not a whole vector;
 # for the 32-value formats an odd block count (the scalar tail), for the K-quants whole super-blocks
 K = {"f32": 1000, "f16": 1000, GT.Q4_0: 2336, GT.Q5_0: 2336, GT.Q8_0: 2336, GT.Q4_K: 2304, GT.Q6_K: 2304,
-     GT.Q5_K: 2304, GT.Q4_1: 2336, GT.Q5_1: 2336, GT.Q2_K: 2304, GT.Q3_K: 2304, GT.TQ2_0: 2304}
+     GT.Q5_K: 2304, GT.Q4_1: 2336, GT.Q5_1: 2336, GT.Q2_K: 2304, GT.Q3_K: 2304, GT.TQ2_0: 2304,
+     GT.IQ4_NL: 2336, GT.MXFP4: 2336, GT.IQ4_XS: 2304}
 WEIGHTS = ("f32", "f16", GT.Q8_0, GT.Q5_0, GT.Q4_K, GT.Q6_K, GT.Q4_0, GT.Q4_1, GT.Q5_1, GT.Q5_K, GT.Q2_K, GT.Q3_K,
-           GT.TQ2_0)
+           GT.TQ2_0, GT.IQ4_NL, GT.IQ4_XS, GT.MXFP4)
 nb = test_numba_quant.nb  # the numba backend (skips where numba is unavailable)
 
 

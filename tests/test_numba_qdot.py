@@ -19,7 +19,7 @@ import test_numba_quant
 from gguf import GGMLQuantizationType as GT
 from gguf import quants as gq
 from test_csimd_quant import random_blocks
-from test_numba_quant import _qtensor, activation_values, int_path, stored_sum_part
+from test_numba_quant import _gguf_values, _qtensor, activation_values, int_path, stored_sum_part
 
 import prism_core as pc
 from prism_core.quant import quantize_activations
@@ -27,17 +27,22 @@ from prism_core.types import TRAITS, GGMLType
 
 nb, mode = test_numba_quant.nb, test_numba_quant.mode  # the numba backend and serial/parallel fixtures
 
-INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.Q4_1, GT.Q5_1, GT.Q5_K, GT.Q2_K, GT.Q3_K)
+CODE_BOOK_FORMATS = (GT.IQ4_NL, GT.IQ4_XS, GT.MXFP4)
+INT_FORMATS = (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K, GT.Q4_1, GT.Q5_1, GT.Q5_K, GT.Q2_K, GT.Q3_K,
+               *CODE_BOOK_FORMATS)
 try:
     from prism_numba._qvec import (
         INT_PATH,  # taken on AVX-512 VNNI, AVX-VNNI, AVX2 CPUs
+        MODE,
         Q8_0_BIAS,
     )
 except ImportError:  # numba missing: the fixture skips every test
-    INT_PATH, Q8_0_BIAS = False, 128
-# the vector code's byte offsets (Q8_0's is 0 on AVX2, which takes the sign trick instead)
+    INT_PATH, MODE, Q8_0_BIAS = False, "portable", 128
+# the vector code's byte offsets (Q8_0's is 0 on AVX2, which takes the sign trick instead; so do IQ4_NL's and
+# IQ4_XS's code-book values -127..113 there, raised by 128 elsewhere; MXFP4's -12..12 are raised by 12)
+IQ4_OFFSET = 0 if MODE == "avx2" else 128
 OFFSET = {GT.Q4_0: 8, GT.Q5_0: 16, GT.Q8_0: Q8_0_BIAS, GT.Q4_K: 0, GT.Q6_K: 32, GT.Q4_1: 0, GT.Q5_1: 0, GT.Q5_K: 0,
-          GT.Q2_K: 0, GT.Q3_K: 4}
+          GT.Q2_K: 0, GT.Q3_K: 4, GT.IQ4_NL: IQ4_OFFSET, GT.IQ4_XS: IQ4_OFFSET, GT.MXFP4: 12}
 
 
 def _edge_row(rng: np.random.Generator) -> np.ndarray:
@@ -125,6 +130,39 @@ def test_products(nb, mode, t):
                 _check(got, activation_values(bv, t), av, stored_sum_part(bv, t, a.raw()))
             else:
                 _check(got, bv.astype(np.float64), av)
+
+
+def _ggml_product(t: GT, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """mul_mat(w, x) on ggml's own CPU backend (ggml-python), w the (m, row bytes) blocks of type t."""
+    pytest.importorskip("ggml", reason="ggml-python (ggml's own CPU kernels) is not installed")
+    from data.make_ggml_mulmat_golden import ggml_mul_mat
+    return ggml_mul_mat(GGMLType(int(t)), blocks, x)
+
+
+@pytest.mark.parametrize("t", CODE_BOOK_FORMATS, ids=lambda t: t.name)
+def test_products_agree_with_ggml(nb, t):
+    """The integer path against ggml's own product on the same bytes (ggml-python's CPU backend, which quantizes
+    the activations the same way): equal but for the order of the float32 sums of the exact per-block integer
+    dot products, a few float32 roundings of the products' magnitude. MXFP4's first rows have one E8M0 scale
+    each: 2**-128 and 2**-127 (with the code book's halving; subnormal), 2**-126, 2**-125, 1/2, 1, 2**52."""
+    rng = np.random.default_rng(300 + int(t))
+    k, m, n = 768, 21, 5
+    blocks = random_blocks(t, m * k // TRAITS[GGMLType(int(t))].blck_size, rng).reshape(m, -1)
+    if t == GT.MXFP4:
+        blocks.reshape(m, -1, 17)[:7, :, 0] = np.array([0, 1, 2, 3, 127, 128, 180], np.uint8)[:, None]
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    ctx = pc.Context()
+    a = ctx.new_tensor(GGMLType(int(t)), (k, m))
+    a.set_raw(blocks)
+    out = pc.mul_mat(a, ctx.from_numpy(x))
+    pc.compute(pc.Graph().expand(out), nb, strict=True)
+    assert int_path(out) == INT_PATH
+    got, want = out.numpy().reshape(n, m), _ggml_product(t, blocks, x)
+    xv = activation_values(x, t) if INT_PATH else x.astype(np.float64)
+    scale = np.abs(xv) @ np.abs(_gguf_values(blocks, t).reshape(m, k).astype(np.float64)).T
+    assert np.all(np.abs(got - want) <= 1e-6 * scale + 1e-44), np.max(np.abs(got - want) / (scale + 1e-44))
+    if t == GT.MXFP4:  # the subnormal-scaled rows are not all zeros on either side
+        assert np.count_nonzero(want[:, :7]) > 0 and np.count_nonzero(got[:, :7]) > 0
 
 
 @pytest.mark.parametrize("t", (GT.Q8_0, GT.Q4_K, GT.Q2_K), ids=lambda t: t.name)
@@ -225,7 +263,8 @@ def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
     rng = np.random.default_rng(3)
     cases = []
     for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256), (GT.Q4_1, 352),
-                 (GT.Q5_1, 288), (GT.Q5_K, 512), (GT.Q2_K, 512), (GT.Q3_K, 512)):
+                 (GT.Q5_1, 288), (GT.Q5_K, 512), (GT.Q2_K, 512), (GT.Q3_K, 512), (GT.IQ4_NL, 352), (GT.IQ4_XS, 512),
+                 (GT.MXFP4, 288)):
         m = 6
         raw = random_blocks(t, m * k // TRAITS[GGMLType(int(t))].blck_size, rng).reshape(1, 1, m, -1)
         np.save(tmp_path / f"a{int(t)}_{k}.npy", raw)

@@ -17,8 +17,10 @@ from numba import njit, prange
 
 from prism_core.types import GGMLType, traits
 
+from . import _jit_qdot_table as QT
 from . import _qvec as V
 from ._jit_quant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _i8, decode_row
+from ._jit_qwalk import block_walk
 from ._qvec_low_k import low_k_superblocks
 
 # Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
@@ -31,7 +33,7 @@ _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)
 # their unsigned weight bytes (see _qvec); tables of that and of a block's bytes (the core's type
 # traits), indexed by the type id.
 _INT_PATH = ((Q8_0, V.Q8_0_BIAS), (Q4_0, 8), (Q5_0, 16), (Q4_1, 0), (Q5_1, 0), (Q4_K, 0), (Q6_K, 32), (Q5_K, 0),
-             (Q2_K, 0), (Q3_K, 4))
+             (Q2_K, 0), (Q3_K, 4)) + QT.INT_PATH
 INT_FORMATS = frozenset(fmt for fmt, _ in _INT_PATH)
 _OFFSETS = np.zeros(max(INT_FORMATS) + 1, np.int64)
 _BLOCK_BYTES = np.zeros(max(INT_FORMATS) + 1, np.int64)
@@ -154,45 +156,23 @@ COLS = 4  # activation rows per unpacking of a weight block (block_dot)
 
 
 def _legacy_walk(rows: int, cols: int):
-    """A function walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r * cols + c] (zeroed first) =
-    the products of the ``rows`` weight rows at bytes wo + r * ws of a (a 32-value format) with the ``cols``
-    activation rows at xo + c * nk: chunks of eight blocks, then of two (the vector code of _qvec), then
-    the odd last block in scalar code, each added in that order; the same float32 operations for every
-    (rows, cols)."""
+    """_jit_qwalk.block_walk of Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 (the vector code of _qvec; the same float32
+    operations for every (rows, cols))."""
     chunks = [V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1") for p in (4, 1)]
     q8_8, q8_2, q4_8, q4_2, q5_8, q5_2, q41_8, q41_2, q51_8, q51_2 = chunks
-    n = rows * cols
 
-    @njit(**_OPTS)
-    def walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
-        bs = _block_bytes(fmt)
-        for i in range(n):
-            acc[i] = np.float32(0.0)
-        nb = nk // 32
-        ib = 0
-        while ib + 2 <= nb:
-            o = wo + ib * bs
-            xi = xo + 32 * ib
-            eight = ib + 8 <= nb
-            if fmt == Q8_0:
-                t = q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
-            elif fmt == Q4_0:
-                t = q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
-            elif fmt == Q5_0:
-                t = q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
-            elif fmt == Q4_1:
-                t = q41_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q41_2(a, o, ws, xq, xc, xd, xi, nk)
-            else:
-                t = q51_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q51_2(a, o, ws, xq, xc, xd, xi, nk)
-            for i in range(n):
-                acc[i] += t[i]
-            ib += 8 if eight else 2
-        if ib < nb:
-            o = wo + ib * bs
-            for r in range(rows):
-                for c in range(cols):
-                    acc[r * cols + c] += _legacy_tail(fmt, a, o + r * ws, xq, xd, xo + c * nk + 32 * ib)
-    return walk
+    @njit(inline="always", **_OPTS)
+    def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
+        if fmt == Q8_0:
+            return q8_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q8_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q4_0:
+            return q4_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q4_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q5_0:
+            return q5_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q5_2(a, o, ws, xq, xc, xd, xi, nk)
+        if fmt == Q4_1:
+            return q41_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q41_2(a, o, ws, xq, xc, xd, xi, nk)
+        return q51_8(a, o, ws, xq, xc, xd, xi, nk) if eight else q51_2(a, o, ws, xq, xc, xd, xi, nk)
+    return block_walk(rows, cols, pick, _legacy_tail, _block_bytes)
 
 
 @njit(**_OPTS)
@@ -281,10 +261,15 @@ def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
         acc[1], acc[2], acc[3] = s1, s2, s3
 
 
+_table_row, _table_rows, _table_block = QT.dots(ROWS, COLS)
+
+
 @njit(**_OPTS)
 def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
     """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo
     (acc: scratch of ROWS * COLS float32)."""
+    if QT.is_table(fmt):
+        return _table_row(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc)
     if _k_quant(fmt):
         _k_quant_dots(fmt, a, wo, xq, xc, xd, xb, xo, nk, 1, acc)
     else:
@@ -296,7 +281,9 @@ def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
 def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     """acc[0:ROWS] = row_dot of the ROWS weight rows at bytes wo + i * ws of a; the 32-value formats share
     each activation load among the rows."""
-    if _k_quant(fmt):
+    if QT.is_table(fmt):
+        _table_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+    elif _k_quant(fmt):
         for r in range(ROWS - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
             acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
     else:
@@ -308,7 +295,9 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     """The ROWS x COLS products of the weight rows at bytes wo + r * ws of a with the activation rows at
     xo + c * nk, into acc[r * COLS + c]: each weight block is unpacked once for the COLS activation rows,
     the arithmetic of each product that of row_dot."""
-    if _k_quant(fmt):
+    if QT.is_table(fmt):
+        _table_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+    elif _k_quant(fmt):
         for r in range(ROWS - 1, -1, -1):  # the last row first: acc[r * COLS:] is written after acc[0:4] is read
             _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, COLS, acc)
             for c in range(COLS):

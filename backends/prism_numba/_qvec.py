@@ -177,7 +177,17 @@ def _block_u8(fmt: str, context, b, wty, w, o):
     return u
 
 
-def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
+def legacy_codec(fmt: str) -> tuple:
+    """legacy_chunk's view of a 32-value format of this module: (block bytes, unpack(context, b, wty, w, o) ->
+    the block's 32 weight bytes, scale(context, b, wty, w, o) -> its float32 scale, sign): sign "" when the
+    bytes are unsigned with the offset in the activations' lane terms, "w" when they are int8 taken by the sign
+    trick as |w| times x with w's sign, "x" as |x| times w with x's sign (exact where w is never -128)."""
+    def unpack(context, b, wty, w, o):
+        return _block_u8(fmt, context, b, wty, w, o)
+    return LEGACY_LAYOUT[fmt][0], unpack, _f16, "w" if fmt == "Q8_0" and Q8_0_BIAS == 0 else ""
+
+
+def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1, codec: tuple | None = None):
     """An intrinsic f(w, wo, ws, xq, xc, xd, xo, xs) -> a tuple of ``rows * cols`` float32 (entry r * cols + c): the
     dot products of ``rows`` weight rows (at bytes wo, wo + ws, ... of w, uint8), 2 * pairs blocks of format fmt
     each, with ``cols`` int8 activation rows xq[xo + c * xs:] (whole blocks; per block the fp16-rounded scale in
@@ -185,8 +195,10 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
     and the block sum s, in xd[. // 16:][:2], and the weight block's min m adds m * s). Each weight block is
     unpacked once for every activation row and each activation load serves every weight row; per (row, column) the
     arithmetic is that of rows = cols = 1 (d_w * d_x times the exact integer sum, fused into float32 lanes in block
-    order, one horizontal sum), so a product does not depend on which other rows share the call."""
-    bs = LEGACY_LAYOUT[fmt][0]
+    order, one horizontal sum), so a product does not depend on which other rows share the call. codec: the
+    format's legacy_codec (by default this module's), the way other modules' 32-value formats share this code
+    (_qvec_table)."""
+    bs, unpack, scale, sign = codec or legacy_codec(fmt)
 
     @intrinsic
     def chunk(typingctx, w, wo, ws, xq, xc, xd, xo, xs):
@@ -204,7 +216,8 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
                 for j in range(cols):
                     xi = b.add(b.add(xo_, b.mul(xs_, ir.Constant(I64, j))), ir.Constant(I64, 64 * p))
                     s.append(_load(context, b, qty, xq_, xi, vec(I8, 64)))
-                    c.append(_load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16)))
+                    c.append(_load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16)) if not sign
+                             else ir.Constant(vec(I32, 16), [0] * 16))  # no offset: the sign trick
                     if with_min:  # (d0, s0, d1, s1)
                         ds = _load(context, b, dty, xd_, b.lshr(xi, ir.Constant(I64, 4)), vec(F32, 4))
                         dx.append(_shuffle(b, ds, ds, [0, 2]))
@@ -214,18 +227,20 @@ def legacy_chunk(fmt: str, pairs: int, rows: int, cols: int = 1):
                 for r in range(rows):
                     o0 = b.add(b.add(wo_, b.mul(ws_, ir.Constant(I64, r))), ir.Constant(I64, 2 * p * bs))
                     o1 = b.add(o0, ir.Constant(I64, bs))
-                    u0 = _concat(b, _block_u8(fmt, context, b, wty, w_, o0), _block_u8(fmt, context, b, wty, w_, o1))
+                    u0 = _concat(b, unpack(context, b, wty, w_, o0), unpack(context, b, wty, w_, o1))
                     dw = ir.Constant(vec(F32, 2), [0.0, 0.0])
                     mw = ir.Constant(vec(F32, 2), [0.0, 0.0])
                     for i, oi in enumerate((o0, o1)):
-                        dw = b.insert_element(dw, _f16(context, b, wty, w_, oi), ir.Constant(I32, i))
+                        dw = b.insert_element(dw, scale(context, b, wty, w_, oi), ir.Constant(I32, i))
                         if with_min:
                             m = _f16(context, b, wty, w_, b.add(oi, ir.Constant(I64, 2)))
                             mw = b.insert_element(mw, m, ir.Constant(I32, i))
                     for j in range(cols):
                         u, su = u0, s[j]
-                        if fmt == "Q8_0" and Q8_0_BIAS == 0:  # u holds the signed weights
+                        if sign == "w":  # u holds the signed weights
                             u, su = _sign_trick(b, u0, s[j])
+                        elif sign == "x":
+                            u, su = _sign_trick(b, s[j], u0)  # (|x|, w with x's sign)
                         lanes = b.sitofp(_dpbusd(b, c[j], u, su), vec(F32, 16))
                         d = b.fmul(dw, dx[j])
                         acc[r * cols + j] = _fma(b, lanes, _shuffle(b, d, d, [0] * 8 + [1] * 8), acc[r * cols + j])

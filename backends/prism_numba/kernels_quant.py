@@ -32,10 +32,11 @@ from .kernels import _MODE, COPYABLE, FLOATS, INDICES, ONLY_F32, _jit, _run, arr
 
 #: ggml type ids with a compiled decoder (mirrors _jit_quant.DECODED, which needs numba to import)
 DECODED = frozenset({2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 20, 23, 34, 35, 39})
-#: ggml type ids with the integer path (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K; mirrors _jit_qdot.INT_FORMATS), taken
-#: at every activation row count: the path is chosen by the weight's format alone, as ggml's CPU backend
-#: does, so that a row's product never depends on how many rows share its MUL_MAT (README.md, "Block types")
-INT_FORMATS = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14})
+#: ggml type ids with the integer path (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS, MXFP4; mirrors
+#: _jit_qdot.INT_FORMATS), taken at every activation row count: the path is chosen by the weight's format
+#: alone, as ggml's CPU backend does, so that a row's product never depends on how many rows share its
+#: MUL_MAT (README.md, "Block types")
+INT_FORMATS = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 39})
 BLOCK_TYPES = QUANTIZED
 
 
