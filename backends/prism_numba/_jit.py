@@ -16,8 +16,11 @@ compiled version), and cached on disk (``cache=True``).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import types as pytypes
+import zlib
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -775,6 +778,27 @@ def _serial_dispatcher(dispatcher):
     return njit(cache=True, **opts)(g)
 
 
+@contextmanager
+def _compiling_across_processes(dispatcher, sig: tuple):
+    """Hold a lock file in the kernel's on-disk cache folder, one per kernel and signature, while it compiles:
+    a second process (a test worker, a subprocess, another program) that needs the same compilation waits,
+    then numba's compile() finds it in the cache and loads it instead of compiling it again (with a cold
+    cache, two processes otherwise both spend the compile's CPU). Where there is no cache folder, or it
+    cannot be written, or the system has no fcntl, compiles without the lock."""
+    try:
+        import fcntl
+        folder = dispatcher._cache.cache_path
+        os.makedirs(folder, exist_ok=True)
+        name = f"{dispatcher.py_func.__qualname__}-{zlib.crc32(repr(sig).encode()):08x}.lock"
+        f = open(os.path.join(folder, name), "a")
+    except (ImportError, AttributeError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        yield
+
+
 class Kernel:
     """A dispatcher compiled once per argument-type signature, every array typed as
     layout ``A``: contiguous arrays convert to it, so they never trigger a second
@@ -822,7 +846,8 @@ class Kernel:
                 if sig not in self.compiled:
                     self.dispatcher.disable_compile(False)
                     try:
-                        self.dispatcher.compile(sig)
+                        with _compiling_across_processes(self.dispatcher, sig):
+                            self.dispatcher.compile(sig)
                     except NumbaError as e:  # a type combination the kernel cannot take: fall back openly
                         name = self.dispatcher.py_func.__name__
                         raise Unsupported(f"numba kernel {name!r} cannot be compiled for {sig}: "
