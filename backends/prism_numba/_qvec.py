@@ -316,11 +316,11 @@ def q4_k_superblocks(cols: int, fmt: str = "Q4_K"):
     return superblock
 
 
-def q6_k_superblocks(cols: int):
-    """An intrinsic f(w, wo, xq, xc, xo, xs) -> ``cols`` int32 (a tuple when cols > 1):
-    sum_i scale_(i // 16) * (q_i - 32) * x_i for the Q6_K super-block at byte wo of w and the
-    activations xq[xo + c * xs:][:256] (xc[. // 4:]: -32 times each four activations' sum), the
-    6-bit values and scales unpacked once for every column (integer sums: exact in any order)."""
+def int_superblocks(cols: int, lanes):
+    """An intrinsic f(w, wo, xq, xc, xo, xs) -> ``cols`` int32 (a tuple when cols > 1): the super-block at
+    byte wo of w against the activation rows at xq[xo + c * xs:] (xc their -bias sums), each column's
+    int32 lanes from ``lanes(context, builder, wty, qty, cty, w, wo, xq, xc, xi0)`` (xi0: each column's
+    first activation index) summed horizontally."""
     @intrinsic
     def superblock(typingctx, w, wo, xq, xc, xo, xs):
         ret = types.int32 if cols == 1 else types.UniTuple(types.int32, cols)
@@ -329,29 +329,39 @@ def q6_k_superblocks(cols: int):
         def codegen(context, b, signature, args):
             wty, _, qty, cty, _, _ = signature.args
             w_, wo_, xq_, xc_, xo_, xs_ = args
-            sc = b.sext(_load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 192)), vec(I8, 16)), vec(I32, 16))
             xi0 = [b.add(xo_, b.mul(xs_, ir.Constant(I64, c))) for c in range(cols)]
-            acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
-            three = _const(I8, 64, 3)
-            for h in range(2):  # 128 values: ql[64h:64h+64], qh[32h:32h+32]
-                ql = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 64 * h)), vec(I8, 64))
-                qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 128 + 32 * h)), vec(I8, 32))
-                sh = [b.lshr(qh, _const(I8, 32, k)) for k in (0, 2, 4, 6)]
-                lo, hi = _nibbles(b, ql)
-                for g, nib in enumerate((lo, hi)):  # values 128h + 64g + [0, 64): two bit pairs of qh
-                    high = b.shl(b.and_(_concat(b, sh[2 * g], sh[2 * g + 1]), three), _const(I8, 64, 4))
-                    u = b.or_(nib, high)
-                    first = 8 * h + 4 * g  # 16 values (four lanes) per scale
-                    scg = _shuffle(b, sc, sc, [first + i // 4 for i in range(16)])
-                    for c in range(cols):
-                        xi = b.add(xi0[c], ir.Constant(I64, 128 * h + 64 * g))
-                        s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                        cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                        acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scg))
-            out = [_hsum(b, a) for a in acc]
+            out = [_hsum(b, a) for a in lanes(context, b, wty, qty, cty, w_, wo_, xq_, xc_, xi0)]
             return out[0] if cols == 1 else context.make_tuple(b, signature.return_type, out)
         return sig, codegen
     return superblock
+
+
+def q6_k_superblocks(cols: int):
+    """An intrinsic f(w, wo, xq, xc, xo, xs) -> ``cols`` int32 (a tuple when cols > 1):
+    sum_i scale_(i // 16) * (q_i - 32) * x_i for the Q6_K super-block at byte wo of w and the
+    activations xq[xo + c * xs:][:256] (xc[. // 4:]: -32 times each four activations' sum), the
+    6-bit values and scales unpacked once for every column (integer sums: exact in any order)."""
+    def lanes(context, b, wty, qty, cty, w_, wo_, xq_, xc_, xi0):
+        sc = b.sext(_load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 192)), vec(I8, 16)), vec(I32, 16))
+        acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
+        three = _const(I8, 64, 3)
+        for h in range(2):  # 128 values: ql[64h:64h+64], qh[32h:32h+32]
+            ql = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 64 * h)), vec(I8, 64))
+            qh = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 128 + 32 * h)), vec(I8, 32))
+            sh = [b.lshr(qh, _const(I8, 32, k)) for k in (0, 2, 4, 6)]
+            lo, hi = _nibbles(b, ql)
+            for g, nib in enumerate((lo, hi)):  # values 128h + 64g + [0, 64): two bit pairs of qh
+                high = b.shl(b.and_(_concat(b, sh[2 * g], sh[2 * g + 1]), three), _const(I8, 64, 4))
+                u = b.or_(nib, high)
+                first = 8 * h + 4 * g  # 16 values (four lanes) per scale
+                scg = _shuffle(b, sc, sc, [first + i // 4 for i in range(16)])
+                for c in range(cols):
+                    xi = b.add(xi0[c], ir.Constant(I64, 128 * h + 64 * g))
+                    s = _load(context, b, qty, xq_, xi, vec(I8, 64))
+                    cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                    acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scg))
+        return acc
+    return int_superblocks(cols, lanes)
 
 
 @intrinsic

@@ -22,8 +22,6 @@ e (the two smallest subnormal); IQ4_XS's fp16 per 256 values times an integer 6-
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from . import _qvec as V
 from ._jit_quant import KVALUES_IQ4NL, KVALUES_MXFP4
@@ -38,7 +36,6 @@ from ._qvec import (
     _dpbusd,
     _f16,
     _halves,
-    _hsum,
     _load,
     _nibbles,
     _shuffle,
@@ -134,32 +131,22 @@ def iq4_xs_superblocks(cols: int):
     unpacked once for every column (integer sums: exact in any order)."""
     book = _book("IQ4_NL")
 
-    @intrinsic
-    def superblock(typingctx, w, wo, xq, xc, xo, xs):
-        ret = types.int32 if cols == 1 else types.UniTuple(types.int32, cols)
-        sig = ret(w, types.int64, xq, xc, types.int64, types.int64)
-
-        def codegen(context, b, signature, args):
-            wty, _, qty, cty, _, _ = signature.args
-            w_, wo_, xq_, xc_, xo_, xs_ = args
-            sc = _iq4_xs_scales(context, b, wty, w_, wo_)
-            xi0 = [b.add(xo_, b.mul(xs_, ir.Constant(I64, c))) for c in range(cols)]
-            acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
-            for j in range(4):  # 64 values: sub-blocks 2j and 2j + 1, 16 index bytes each
-                q = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 8 + 32 * j)), vec(I8, 32))
-                lo, hi = (_halves(b, n) for n in _nibbles(b, q))
-                u = _concat(b, _lookup(b, _concat(b, lo[0], hi[0]), book), _lookup(b, _concat(b, lo[1], hi[1]), book))
-                scj = _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)
-                scj16 = b.trunc(_shuffle(b, sc, sc, [2 * j] * 16 + [2 * j + 1] * 16), vec(I16, 32))
-                for c in range(cols):
-                    xi = b.add(xi0[c], ir.Constant(I64, 64 * j))
-                    s = _load(context, b, qty, xq_, xi, vec(I8, 64))
-                    if SIGNED:  # |x| times the weights with x's sign (no offset), scaled by vpmaddwd
-                        acc[c] = b.add(acc[c], _scaled_lanes(b, *_sign_trick(b, s, u), scj16))
-                        continue
-                    cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
-                    acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scj))
-            out = [_hsum(b, a) for a in acc]
-            return out[0] if cols == 1 else context.make_tuple(b, signature.return_type, out)
-        return sig, codegen
-    return superblock
+    def lanes(context, b, wty, qty, cty, w_, wo_, xq_, xc_, xi0):
+        sc = _iq4_xs_scales(context, b, wty, w_, wo_)
+        acc = [ir.Constant(vec(I32, 16), [0] * 16)] * cols
+        for j in range(4):  # 64 values: sub-blocks 2j and 2j + 1, 16 index bytes each
+            q = _load(context, b, wty, w_, b.add(wo_, ir.Constant(I64, 8 + 32 * j)), vec(I8, 32))
+            lo, hi = (_halves(b, n) for n in _nibbles(b, q))
+            u = _concat(b, _lookup(b, _concat(b, lo[0], hi[0]), book), _lookup(b, _concat(b, lo[1], hi[1]), book))
+            scj = _shuffle(b, sc, sc, [2 * j] * 8 + [2 * j + 1] * 8)
+            scj16 = b.trunc(_shuffle(b, sc, sc, [2 * j] * 16 + [2 * j + 1] * 16), vec(I16, 32))
+            for c in range(cols):
+                xi = b.add(xi0[c], ir.Constant(I64, 64 * j))
+                s = _load(context, b, qty, xq_, xi, vec(I8, 64))
+                if SIGNED:  # |x| times the weights with x's sign (no offset), scaled by vpmaddwd
+                    acc[c] = b.add(acc[c], _scaled_lanes(b, *_sign_trick(b, s, u), scj16))
+                    continue
+                cc = _load(context, b, cty, xc_, b.lshr(xi, ir.Constant(I64, 2)), vec(I32, 16))
+                acc[c] = b.add(acc[c], b.mul(_dpbusd(b, cc, u, s), scj))
+        return acc
+    return V.int_superblocks(cols, lanes)
