@@ -213,7 +213,12 @@ import json, sys
 import numpy as np
 from numba import njit
 from prism_numba import _qvec as V
+from prism_numba._jit import _serial_dispatcher
 from prism_numba._jit_qdot import q_mul_mat_int
+
+# compiled without parallel (its prange loops as range): the same quantize_row and _task code, the same bits per
+# row; the thread pool's lowering would add a third of the compile's CPU and no vector code to compare
+q_mul_mat_int = _serial_dispatcher(q_mul_mat_int)
 
 @njit
 def halves(raw, out):
@@ -258,8 +263,10 @@ def _round_cases(rng: np.random.Generator) -> np.ndarray:
 
 
 def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
-    """Compile q_mul_mat_int afresh in a subprocess with env_extra (its own cache) and run it on the
-    integer-path formats; (its results, the cases, the fp16 rounding inputs)."""
+    """Compile q_mul_mat_int afresh (its serial form: the vector code compared is the same) in a subprocess with
+    env_extra (its own cache) and run it on the integer-path formats; (its results, the cases, the fp16 rounding
+    inputs). Every format, although one compilation serves them all (fmt is a run-time argument): each format's
+    walk is vector code of its own, and running it costs little beside the compile."""
     rng = np.random.default_rng(3)
     cases = []
     for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256), (GT.Q4_1, 352),
