@@ -1,4 +1,5 @@
-"""csimd modules built apart from the installed one (sanitized, without OpenMP), each built once per test run.
+"""csimd modules built apart from the installed one (sanitized; without OpenMP, in a wheel), each built once per
+test run.
 
 A build takes 30-45 s of CPU and several tests load the same one, in whichever pytest-xdist worker they land:
 the first to ask builds it into a folder all workers of the run share, the others wait on a lock and load it."""
@@ -10,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import venv
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,22 +27,54 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def build_once(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> tuple[Path | None, str]:
-    """``csrc/build_csimd.py FLAGS`` built once in this run: (the module's file, or None when the build failed;
-    the build's stderr)."""
-    root = run_dir(tmp_path_factory) / ("csimd" + "".join(flags).replace("--", "-"))
+def _once(tmp_path_factory: pytest.TempPathFactory, name: str,
+          make: Callable[[Path], tuple[str, str]]) -> tuple[str, str]:
+    """``make(folder)`` run once in this run, in a folder every worker shares: (what it returned: a path, or "" when
+    it failed; its log). A second worker waits on a lock for the first one's result."""
+    root = run_dir(tmp_path_factory) / name
     root.mkdir(exist_ok=True)
     done, log = root / "built", root / "stderr.txt"
     with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here for the first one's build
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
-            # started in tests/: a stale prism_tensor.egg-info in the repository root would shadow the entry points
-            r = subprocess.run([sys.executable, str(BUILD_SCRIPT), *flags, "--out", str(root / "out")],
-                               cwd=Path(__file__).parent, capture_output=True, text=True, timeout=1800)
-            log.write_text(r.stderr)
-            done.write_text(r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else "")
-    lib = done.read_text()
-    return (Path(lib) if lib else None), log.read_text()
+            result, text = make(root)
+            log.write_text(text)
+            done.write_text(result)
+    return done.read_text(), log.read_text()
+
+
+def build_once(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> tuple[Path | None, str]:
+    """``csrc/build_csimd.py FLAGS`` built once in this run: (the module's file, or None when the build failed;
+    the build's stderr)."""
+    def build(root: Path) -> tuple[str, str]:
+        # started in tests/: a stale prism_tensor.egg-info in the repository root would shadow the entry points
+        r = subprocess.run([sys.executable, str(BUILD_SCRIPT), *flags, "--out", str(root / "out")],
+                           cwd=Path(__file__).parent, capture_output=True, text=True, timeout=1800)
+        return (r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""), r.stderr
+    lib, stderr = _once(tmp_path_factory, "csimd" + "".join(flags).replace("--", "-"), build)
+    return (Path(lib) if lib else None), stderr
+
+
+def serial_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path | None, str]:
+    """``python -m build`` of this checkout with ``CSIMD_NO_OPENMP=1`` (a wheel and an sdist in ``dist/``), the
+    wheel installed into a fresh venv (``venv/``); once in this run: (their folder, or None when a step failed;
+    the steps' output). One C build serves tests/test_wheel.py (the wheel installs and runs) and
+    tests/test_csimd_no_openmp.py (its csimd module is serial) instead of one each; the OpenMP build is the one
+    ``pip install`` made of this checkout for every other test."""
+    def build(root: Path) -> tuple[str, str]:
+        env = dict(os.environ, CSIMD_NO_OPENMP="1")
+        r = subprocess.run([sys.executable, "-m", "build", "--outdir", str(root / "dist"), str(REPO)], env=env,
+                           capture_output=True, text=True, timeout=1800)
+        log = r.stdout[-4000:] + r.stderr[-4000:]  # setup.py's warning when the C build failed included
+        if r.returncode != 0:
+            return "", log
+        venv.create(root / "venv", with_pip=True)
+        # prism itself from the local wheel only; its dependencies from the configured index
+        r = subprocess.run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--find-links",
+                            str(root / "dist"), "prism-tensor"], capture_output=True, text=True, timeout=1800)
+        return ("" if r.returncode else str(root)), log + r.stdout[-4000:] + r.stderr[-4000:]
+    folder, log = _once(tmp_path_factory, "serial-wheel", build)
+    return (Path(folder) if folder else None), log
 
 
 def sanitizer_runtime() -> tuple[str, str] | None:

@@ -2,7 +2,8 @@
 without -fopenmp, and ``CSIMD_NO_OPENMP=1`` asks for it): the kernels then run on the calling thread,
 any thread count a caller asks for included, and give the results the tests expect.
 
-One build (about 30 s on 2 busy cores, hence ``slow``), then the quantized matrix products (every x86
+One build (about 30 s on 2 busy cores, hence ``slow``: the wheel of tests/test_wheel.py, whose csimd module is
+built with ``CSIMD_NO_OPENMP=1`` for both), then the quantized matrix products (every x86
 path this CPU runs, thread counts 1 and 2 asked for) in a subprocess that loads it through
 PRISM_CSIMD_LIBRARY; ``PRISM_FULL_SWEEP=1`` adds the conformance suite on the best path this CPU runs.
 The arm64 build of tests/test_arm64_qemu.py is serial too, and runs the conformance suite by default.
@@ -10,13 +11,14 @@ The arm64 build of tests/test_arm64_qemu.py is serial too, and runs the conforma
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from csimd_builds import build_once
+from csimd_builds import build_once, serial_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,10 +27,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def serial_build(tmp_path_factory) -> Path:
-    lib, stderr = build_once(tmp_path_factory, "--no-openmp")  # once in the run, whichever worker asks first
-    if lib is None and "error: command" in stderr and "failed: No such file" in stderr:
-        pytest.skip(f"no C compiler here: {stderr[-300:]}")
-    assert lib is not None, stderr[-4000:]
+    if importlib.util.find_spec("build") is None:  # no wheel to take it from: the module alone
+        lib, log = build_once(tmp_path_factory, "--no-openmp")
+    else:  # the csimd module of tests/test_wheel.py's wheel, built with CSIMD_NO_OPENMP=1 once in the run
+        root, log = serial_wheel(tmp_path_factory)
+        libs = list(root.glob("venv/lib/python*/site-packages/prism_csimd/_csimd*.so")) if root else []
+        lib = libs[0] if len(libs) == 1 else None
+    if lib is None and "error: command" in log and "failed: No such file" in log:
+        pytest.skip(f"no C compiler here: {log[-300:]}")
+    assert lib is not None, log[-4000:]
     assert lib.is_file(), lib
     return lib
 
