@@ -1,6 +1,7 @@
 /* prism csimd: the kernels compiled once per path (x86-64: scalar, AVX2+FMA+F16C, AVX-VNNI, AVX-512;
    arm64: portable, NEON, dotprod, i8mm, csimd_neon_paths.h) and chosen at run time from the CPU's features; no -march flag is needed to build. */
 #include "csimd_common.h"
+#include "csimd_scratch.h" /* per-thread scratch kept between calls */
 #include <float.h>
 #include <pthread.h>
 #include <stdio.h>
