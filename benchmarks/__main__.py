@@ -171,8 +171,7 @@ class Bench:
             vals, cpu_vals = {}, {}
             for name, fn in fns.items():
                 # OpenBLAS's workers spin on after numpy-direct's last call (measured: 20-100 ms of CPU); a
-                # contender timed inside that spin shares the cores with them, and csimd's adaptive threads
-                # (csrc/csimd_threads.h) read the wait as another process and take half the threads for 1 s
+                # contender timed inside that spin shares the cores with them
                 time.sleep(SETTLE_S)
                 wall, cpu = best_wall_and_cpu(fn, reps)
                 vals[name], cpu_vals[name] = flops / wall / 1e9, flops / cpu / 1e9

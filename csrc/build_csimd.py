@@ -63,7 +63,7 @@ def make_ffi(sanitize: bool | None = None, openmp: bool | None = None, relative:
                                                         "csimd_quantize_k3iq4.h", "csimd_quantize_weighted.h",
                                                         "csimd_quantize_grid.h", "csimd_quantize_rows.h",
                                                         "csimd_quantize_x86.h",
-                                                        "csimd_threads.h",
+                                                        "csimd_threads.h", "csimd_scratch.h",
                                                         "csimd_neon.h", "csimd_neon_quant.h", "csimd_neon_paths.h",
                                                        "build_csimd.py")],
                    extra_compile_args=cflags, extra_link_args=ldflags, libraries=["m"])

@@ -1,7 +1,9 @@
 /* prism csimd: the kernels compiled once per path (x86-64: scalar, AVX2+FMA+F16C, AVX-VNNI, AVX-512;
    arm64: portable, NEON, dotprod, i8mm, csimd_neon_paths.h) and chosen at run time from the CPU's features; no -march flag is needed to build. */
 #include "csimd_common.h"
+#include "csimd_scratch.h" /* per-thread scratch kept between calls */
 #include <float.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -806,10 +808,97 @@ int csimd_conv_transpose_1d(int64_t s0, const csimd_tensor *a, const csimd_tenso
     return rc;
 }
 
-/* ROPE / ROPE_BACK (back = 1: the inverse rotation). Builds the per-pair tables (inverse frequency,
-   position stream, freq factor, YaRN ramp mix) as the reference computes them, in double; the kernel
-   then computes each token's cos/sin cache once and rotates every row with it. corr_low/high: YaRN's
-   correction range of pair indices (prism_core.semantics.rope_yarn_corr_dims), used when ext_factor != 0. */
+/* ROPE's per-pair tables that depend on the op's parameters only (inverse frequency, position stream,
+   YaRN ramp mix), as the reference computes them, in double. A model calls ROPE with a few parameter
+   sets only (Gemma 3: two, 36 calls a decode step), and the tables cost n_pairs pow() calls (3-4 us of a
+   5-8 us call at 128 pairs): the first ROPE_TABS sets met are kept, shared by every thread (published
+   whole before the count that makes them visible; never changed or freed), the others built per call. */
+typedef struct {
+    int mode;
+    int64_t n_dims, sections[4];
+    double freq_base, ext_factor, corr_low, corr_high;
+} rope_key;
+
+typedef struct {
+    rope_key key;
+    double *inv_freq, *mix; /* n_pairs each */
+    int *which;
+} rope_tabs;
+
+#define ROPE_TABS 16
+static rope_tabs g_rope_tabs[ROPE_TABS];
+static int g_rope_ntabs; /* published with release stores; read with acquire loads */
+static pthread_mutex_t g_rope_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int rope_key_eq(const rope_key *a, const rope_key *b) {
+    return a->mode == b->mode && a->n_dims == b->n_dims && !memcmp(a->sections, b->sections, sizeof a->sections) &&
+           !memcmp(&a->freq_base, &b->freq_base, sizeof(double)) &&
+           !memcmp(&a->ext_factor, &b->ext_factor, sizeof(double)) &&
+           !memcmp(&a->corr_low, &b->corr_low, sizeof(double)) && !memcmp(&a->corr_high, &b->corr_high, sizeof(double));
+}
+
+/* fills inv_freq, mix and which (n_pairs each) for the parameters of k */
+static void rope_build(const rope_key *k, int64_t n_pairs, double *inv_freq, double *mix, int *which) {
+    const int mode = k->mode, multi = mode == 8 || mode == 24 || mode == 40;
+    const int64_t s0 = k->sections[0], s1 = k->sections[1], s2 = k->sections[2], ssum = s0 + s1 + s2 + k->sections[3];
+    const double span = k->corr_high - k->corr_low > 0.001 ? k->corr_high - k->corr_low : 0.001;
+    for (int64_t i = 0; i < n_pairs; i++) {
+        int w = 0;
+        double e = (double)i; /* the exponent's pair index: VISION restarts it in each section */
+        if (multi) {
+            const int64_t sect = i % ssum;
+            if (mode == 40) w = (sect % 3 == 1 && sect < 3 * s1) ? 1 : (sect % 3 == 2 && sect < 3 * s2) ? 2
+                              : (sect % 3 == 0 && sect < 3 * s0) ? 0 : 3;
+            else w = sect < s0 ? 0 : sect < s0 + s1 ? 1 : sect < s0 + s1 + s2 ? 2 : 3;
+            if (mode == 24) {
+                const int64_t start[4] = {0, s0, s0 + s1, s0 + s1 + s2};
+                e = (double)(sect - start[w]);
+            }
+        }
+        which[i] = w;
+        inv_freq[i] = pow(k->freq_base, -2.0 * e / (double)k->n_dims);
+        double ramp = ((double)i - k->corr_low) / span;
+        ramp = 1.0 - (ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp);
+        mix[i] = ramp * k->ext_factor;
+    }
+}
+
+/* the kept tables of k (n_pairs follows from k), or NULL when they are not kept and ROPE_TABS are */
+static const rope_tabs *rope_tables(const rope_key *k, int64_t n_pairs) {
+    int n = __atomic_load_n(&g_rope_ntabs, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; i++)
+        if (rope_key_eq(&g_rope_tabs[i].key, k)) return &g_rope_tabs[i];
+    const rope_tabs *found = NULL;
+    pthread_mutex_lock(&g_rope_lock);
+    n = __atomic_load_n(&g_rope_ntabs, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && !found; i++)
+        if (rope_key_eq(&g_rope_tabs[i].key, k)) found = &g_rope_tabs[i];
+    if (!found && n < ROPE_TABS) {
+        rope_tabs *t = &g_rope_tabs[n];
+        double *d = (double *)malloc((size_t)n_pairs * 2 * sizeof(double));
+        int *w = (int *)malloc((size_t)n_pairs * sizeof(int));
+        if (d && w) {
+            rope_build(k, n_pairs, d, d + n_pairs, w);
+            t->key = *k;
+            t->inv_freq = d;
+            t->mix = d + n_pairs;
+            t->which = w;
+            __atomic_store_n(&g_rope_ntabs, n + 1, __ATOMIC_RELEASE);
+            found = t;
+        } else {
+            free(d);
+            free(w);
+        }
+    }
+    pthread_mutex_unlock(&g_rope_lock);
+    return found;
+}
+
+/* ROPE / ROPE_BACK (back = 1: the inverse rotation). The per-pair tables (inverse frequency, position
+   stream, YaRN ramp mix: rope_tables; freq factors read per call, they are a tensor's values) as the
+   reference computes them, in double; the kernel then computes each token's cos/sin cache once and
+   rotates every row with it. corr_low/high: YaRN's correction range of pair indices
+   (prism_core.semantics.rope_yarn_corr_dims), used when ext_factor != 0. */
 int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t *sections, double freq_base,
                double freq_scale, double ext_factor, double attn_factor, double corr_low, double corr_high,
                const csimd_tensor *a, const csimd_tensor *pos, const csimd_tensor *ff, const csimd_tensor *d, int nth) {
@@ -823,10 +912,12 @@ int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t
     for (int k = 0; k < 4; k++)
         if (a->ne[k] <= 0 || sections[k] < 0) return -1;
     const int64_t n_pairs = mode == 24 ? n_dims : n_dims / 2, streams = multi ? 4 : 1;
-    const int64_t s0 = sections[0], s1 = sections[1], s2 = sections[2], ssum = s0 + s1 + s2 + sections[3];
+    const int64_t ssum = sections[0] + sections[1] + sections[2] + sections[3];
     if ((mode == 24 && n_offs != 0) || n_offs + 2 * n_pairs > a->ne[0] || pos->ne[0] < streams * a->ne[2] ||
         (multi && ssum <= 0) || (ff && nelem(ff) < n_pairs))
         return -1;
+    rope_key key = {mode, n_dims, {0, 0, 0, 0}, freq_base, ext_factor, corr_low, corr_high};
+    if (multi) memcpy(key.sections, sections, sizeof key.sections); /* the other modes ignore them */
     csimd_rope_tab t;
     t.mode = mode;
     t.streams = (int)streams;
@@ -836,48 +927,38 @@ int csimd_rope(int back, int mode, int64_t n_dims, int64_t n_offs, const int64_t
     t.ext_factor = ext_factor;
     t.mscale = ext_factor != 0.0 ? attn_factor * (1.0 + 0.1 * log(1.0 / freq_scale)) : attn_factor;
     t.sign = back ? -1.0 : 1.0;
-    double *tabs = (double *)malloc((size_t)n_pairs * 3 * sizeof(double));
-    t.which = (int *)malloc((size_t)n_pairs * sizeof(int));
-    if (!tabs || !t.which) {
-        free(tabs);
-        free(t.which);
+    const rope_tabs *kept = rope_tables(&key, n_pairs);
+    /* per call: the freq factors, and the tables when they are not kept */
+    double *own = (double *)malloc((size_t)n_pairs * ((kept ? 0 : 2) + (ff ? 1 : 0)) * sizeof(double) + 8);
+    int *own_which = kept ? NULL : (int *)malloc((size_t)n_pairs * sizeof(int));
+    if (!own || (!kept && !own_which)) {
+        free(own);
+        free(own_which);
         return -2;
     }
-    t.inv_freq = tabs;
-    t.mix = tabs + n_pairs;
-    t.ffac = ff ? tabs + 2 * n_pairs : NULL;
-    const double span = corr_high - corr_low > 0.001 ? corr_high - corr_low : 0.001;
-    for (int64_t k = 0; k < n_pairs; k++) {
-        int w = 0;
-        double e = (double)k; /* the exponent's pair index: VISION restarts it in each section */
-        if (multi) {
-            const int64_t sect = k % ssum;
-            if (mode == 40) w = (sect % 3 == 1 && sect < 3 * s1) ? 1 : (sect % 3 == 2 && sect < 3 * s2) ? 2
-                              : (sect % 3 == 0 && sect < 3 * s0) ? 0 : 3;
-            else w = sect < s0 ? 0 : sect < s0 + s1 ? 1 : sect < s0 + s1 + s2 ? 2 : 3;
-            if (mode == 24) {
-                const int64_t start[4] = {0, s0, s0 + s1, s0 + s1 + s2};
-                e = (double)(sect - start[w]);
-            }
-        }
-        t.which[k] = w;
-        t.inv_freq[k] = pow(freq_base, -2.0 * e / (double)n_dims);
-        double ramp = ((double)k - corr_low) / span;
-        ramp = 1.0 - (ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp);
-        t.mix[k] = ramp * ext_factor;
-        if (ff) { /* element k of ff in logical (row-major) order */
-            const int64_t i0 = k % ff->ne[0], i1 = (k / ff->ne[0]) % ff->ne[1];
-            const int64_t i2 = (k / (ff->ne[0] * ff->ne[1])) % ff->ne[2], i3 = k / (ff->ne[0] * ff->ne[1] * ff->ne[2]);
-            float v;
-            memcpy(&v, ELT(ff, i0, i1, i2, i3), 4);
-            t.ffac[k] = (double)v;
-        }
+    if (kept) {
+        t.inv_freq = kept->inv_freq;
+        t.mix = kept->mix;
+        t.which = kept->which;
+    } else {
+        t.inv_freq = own;
+        t.mix = own + n_pairs;
+        t.which = own_which;
+        rope_build(&key, n_pairs, t.inv_freq, t.mix, t.which);
+    }
+    t.ffac = ff ? own + (kept ? 0 : 2 * n_pairs) : NULL;
+    for (int64_t k = 0; ff && k < n_pairs; k++) { /* element k of ff in logical (row-major) order */
+        const int64_t i0 = k % ff->ne[0], i1 = (k / ff->ne[0]) % ff->ne[1];
+        const int64_t i2 = (k / (ff->ne[0] * ff->ne[1])) % ff->ne[2], i3 = k / (ff->ne[0] * ff->ne[1] * ff->ne[2]);
+        float v;
+        memcpy(&v, ELT(ff, i0, i1, i2, i3), 4);
+        t.ffac[k] = (double)v;
     }
     int rc = 0;
     nth = clamp_threads(nth);
     CALL_RC(rc, rope, &t, a, pos, d, nth)
-    free(tabs);
-    free(t.which);
+    free(own);
+    free(own_which);
     return rc;
 }
 

@@ -5,7 +5,7 @@
 
 /* bumped with every change of a function's signature or meaning: the Python side refuses a build
    from other sources (same names, other arguments) instead of calling it wrongly */
-#define CSIMD_ABI_VERSION 6
+#define CSIMD_ABI_VERSION 7
 
 /* instruction-set paths (csimd_cpu_isa, csimd_set_isa); the numbers are not an order */
 #define CSIMD_ISA_SCALAR 0  /* portable: 16-byte GCC vectors, no intrinsics (SSE2 on x86-64, the compiler's NEON on arm64) */
@@ -43,13 +43,18 @@ int csimd_max_threads(void);
 /* Parallel kernels take fewer threads while the calling thread waits often for a CPU (another process busy
    on the cores; csimd_threads.h, prism_core/contention.py). on: 1 or 0 (always the count asked for); the
    rule's constants: the interval between looks (s), the share of waiting above which kernels take half
-   the threads, the first and the longest hold (s). Every thread's watch starts afresh. Returns 1 (on),
-   0 (off, or on but the scheduler statistics are missing), -1 for a bad constant. */
-int csimd_set_adaptive_threads(int on, double look, double share, double hold_min, double hold_max);
+   the threads, the CPUs' worth of time the process must have left to others for a wait to count, the
+   first and the longest hold (s). Counts the CPUs the process may run on; every thread's watch starts
+   afresh. Returns 1 (on), 0 (off, or on but the scheduler statistics are missing), -1 for a bad constant. */
+int csimd_set_adaptive_threads(int on, double look, double share, double outside, double hold_min, double hold_max);
 /* the rule alone, for tests (a watch of the calling thread's own): a look at time t (s), the thread having
-   waited `delay` s in all, nth threads asked for; returns the limit after it (0: none); reset != 0 first
-   starts the watch over */
-int csimd_thread_watch_look(double t, double delay, int nth, int reset);
+   waited `delay` s in all, the process having run `cpu` s on all its threads, on ncpu CPUs, nth threads
+   asked for; returns the limit after it (0: none); reset != 0 first starts the watch over */
+int csimd_thread_watch_look(double t, double delay, double cpu, int ncpu, int nth, int reset);
+/* what the rule reads, for tests: out[0] the calling thread's run-queue delay so far (s), out[1] the
+   process's CPU time so far over all its threads (s), out[2] the CPUs it may run on; 0, or -1 where the
+   scheduler statistics are missing */
+int csimd_thread_readings(double *out);
 
 int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth);
 int csimd_unary(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth);

@@ -177,9 +177,8 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                 for (int64_t e = n; e < np; e++) o[e] = 0.0f;
             }
         }
-        float *buf = (float *)csimd_alloc((size_t)total * 4);
+        float *buf = (float *)csimd_scratch(SCRATCH_FLASH_ATTN, (size_t)total * 4); /* kept for the next call */
         if (!buf) failed = 1;
-        else memset(buf, 0, (size_t)total * 4);
         float *Qt = buf, *Kc = buf ? Qt + XA_PAD(nq_f) : NULL, *Vc = buf ? Kc + nk_f : NULL;
         float *S = buf ? Vc + nv_f : NULL, *A = buf ? S + ns_f : NULL, *T = buf ? A + na_f : NULL;
 #pragma omp for schedule(dynamic, 1)
@@ -191,27 +190,25 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
             const int64_t hk = hg * G / rk, hv = hg * G / rv;
             int64_t IQ[VL], HQ[VL];
             FN(xa_lanes)(r0, G, hg, IQ, HQ);
-            for (int64_t l = 0; l < VL; l++) {
-                if (l < nq) FN(row_to_f32)(T, ELT(q, 0, IQ[l], HQ[l], b), q->type, q->nb[0], D);
-                for (int64_t e = 0; e < D; e++) Qt[e * VL + l] = l < nq ? T[e] : 0.0f;
+            for (int64_t e = 0; e < D; e++) *(VF *)(Qt + e * VL) = (VF){0}; /* the lanes past the rows: 0 */
+            for (int64_t l = 0; l < nq; l++) {
+                FN(row_to_f32)(T, ELT(q, 0, IQ[l], HQ[l], b), q->type, q->nb[0], D);
+                for (int64_t e = 0; e < D; e++) Qt[e * VL + l] = T[e];
             }
+            VF fill; /* a key's bias before the mask: 0 for the block's rows, -inf for the lanes past them */
+            for (int l = 0; l < VL; l++) fill[l] = l < nq && !mask ? 0.0f : -INFINITY;
             memset(A, 0, (size_t)na_f * 4);
             VF M = ninf, L = (VF){0};
             for (int64_t j0 = ja; j0 < jb; j0 += XA_KB) {
                 const int64_t nk = jb - j0 < XA_KB ? jb - j0 : XA_KB;
                 /* 1. the bias of each (key, row): slope * mask, 0 without a mask, -inf past the rows or keys */
-                for (int64_t l = 0; l < VL; l++) {
-                    if (l < nq && mask) {
-                        FN(row_to_f32)(T, ELT(mask, j0, IQ[l], HQ[l] % mask->ne[2], b % mask->ne[3]), mask->type,
-                                       mask->nb[0], nk);
-                        const float slope = slopes[HQ[l]];
-                        for (int64_t j = 0; j < nk; j++) S[j * VL + l] = slope * T[j];
-                    } else {
-                        const float f = l < nq ? 0.0f : -INFINITY;
-                        for (int64_t j = 0; j < nk; j++) S[j * VL + l] = f;
-                    }
+                for (int64_t j = 0; j < XA_KB; j++) *(VF *)(S + j * VL) = j < nk ? fill : ninf;
+                for (int64_t l = 0; mask && l < nq; l++) {
+                    FN(row_to_f32)(T, ELT(mask, j0, IQ[l], HQ[l] % mask->ne[2], b % mask->ne[3]), mask->type,
+                                   mask->nb[0], nk);
+                    const float slope = slopes[HQ[l]];
+                    for (int64_t j = 0; j < nk; j++) S[j * VL + l] = slope * T[j];
                 }
-                for (int64_t j = nk; j < XA_KB; j++) *(VF *)(S + j * VL) = ninf;
                 /* which groups of XA_KU keys some row sees; the chunk ends after the last such group */
                 int64_t jend = 0;
                 unsigned live = 0;
@@ -310,7 +307,6 @@ ATTR static int FN(flash_attn)(const csimd_tensor *q, const csimd_tensor *k, con
                 FN(xa_finish)(A, Mm, Lm, IQ, HQ, nq, dvp, Dv, sinks, d, b, T);
             }
         }
-        free(buf);
     }
     free(part);
     free(pre);

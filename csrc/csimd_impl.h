@@ -179,16 +179,16 @@ ATTR static void FN(binary_contig)(int op, float *d, const float *a, const float
 }
 
 
-ATTR static void FN(binary)(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+/* items it0 .. it1 - 1 of binary (a row's chunk of CHUNK elements each) */
+ATTR static void FN(binary_items)(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d,
+                                  int64_t it0, int64_t it1) {
     const int64_t n0 = d->ne[0], nr = nrows_of(d);
-    const int64_t nch = (n0 + CHUNK - 1) / CHUNK, items = nr * nch;
+    const int64_t nch = (n0 + CHUNK - 1) / CHUNK;
     const int contig = a->nb[0] == 4 && b->nb[0] == 4 && d->nb[0] == 4;
     const int typed = a->type != CSIMD_F32 || b->type != CSIMD_F32 || d->type != CSIMD_F32;
     const int stream = (double)n0 * (double)nr >= (double)(1 << 22); /* far beyond the caches */
-    (void)nth;
     (void)stream;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (int64_t it = 0; it < items; it++) {
+    for (int64_t it = it0; it < it1; it++) {
         int64_t ir = it / nch, c0 = (it % nch) * CHUNK, c1 = c0 + CHUNK < n0 ? c0 + CHUNK : n0;
         int64_t i1, i2, i3;
         unravel_row(d, ir, &i1, &i2, &i3);
@@ -239,6 +239,19 @@ ATTR static void FN(binary)(int op, const csimd_tensor *a, const csimd_tensor *b
             }
         }
     }
+}
+
+/* A team of one thread is no cheaper in libgomp than a team of several (a malloc, a free and a futex call per
+   region, about 0.2 us: more than a 640-float row op itself, and a decode step makes ~400 such calls), so
+   the kernels a decode step calls most run their items on the calling thread alone when nth is 1. */
+ATTR static void FN(binary)(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int64_t items = nrows_of(d) * ((d->ne[0] + CHUNK - 1) / CHUNK);
+    if (nth <= 1) {
+        FN(binary_items)(op, a, b, d, 0, items);
+        return;
+    }
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t it = 0; it < items; it++) FN(binary_items)(op, a, b, d, it, it + 1);
 }
 
 /* ------------------------------------------------------------ unary */
@@ -341,14 +354,14 @@ ATTR static void FN(unary_contig)(int op, double p0, double p1, float *d, const 
     }
 }
 
-ATTR static void FN(unary)(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth) {
-    const int64_t n0 = d->ne[0], nr = nrows_of(d);
-    const int64_t nch = (n0 + CHUNK - 1) / CHUNK, items = nr * nch;
+/* items it0 .. it1 - 1 of unary (a row's chunk of CHUNK elements each) */
+ATTR static void FN(unary_items)(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d,
+                                 int64_t it0, int64_t it1) {
+    const int64_t n0 = d->ne[0];
+    const int64_t nch = (n0 + CHUNK - 1) / CHUNK;
     const int contig = a->nb[0] == 4 && d->nb[0] == 4;
     const int typed = a->type != CSIMD_F32 || d->type != CSIMD_F32;
-    (void)nth;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (int64_t it = 0; it < items; it++) {
+    for (int64_t it = it0; it < it1; it++) {
         int64_t ir = it / nch, c0 = (it % nch) * CHUNK, c1 = c0 + CHUNK < n0 ? c0 + CHUNK : n0;
         int64_t i1, i2, i3;
         unravel_row(d, ir, &i1, &i2, &i3);
@@ -368,6 +381,16 @@ ATTR static void FN(unary)(int op, double p0, double p1, const csimd_tensor *a, 
             }
         }
     }
+}
+
+ATTR static void FN(unary)(int op, double p0, double p1, const csimd_tensor *a, const csimd_tensor *d, int nth) {
+    const int64_t items = nrows_of(d) * ((d->ne[0] + CHUNK - 1) / CHUNK);
+    if (nth <= 1) { /* on the calling thread alone: see binary */
+        FN(unary_items)(op, p0, p1, a, d, 0, items);
+        return;
+    }
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t it = 0; it < items; it++) FN(unary_items)(op, p0, p1, a, d, it, it + 1);
 }
 
 /* ------------------------------------------------------------ copies and conversions */
@@ -466,53 +489,65 @@ ATTR static void FN(soft_max)(const csimd_tensor *a, const csimd_tensor *mask, c
     }
 }
 
+/* rows r0 .. r1 - 1 of norm; x: a row's scratch (n0 + 16 floats) */
+ATTR static void FN(norm_rows)(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d, float *x, int64_t r0,
+                               int64_t r1) {
+    const int64_t n0 = a->ne[0];
+    for (int64_t ir = r0; ir < r1; ir++) {
+        int64_t i1, i2, i3;
+        unravel_row(a, ir, &i1, &i2, &i3);
+        const char *ar = ELT(a, 0, i1, i2, i3);
+        const float *xs = (const float *)ar;
+        if (a->nb[0] != 4) { FN(row_to_f32)(x, ar, CSIMD_F32, a->nb[0], n0); xs = x; }
+        double mean = 0;
+        int64_t i;
+        if (!rms) {
+            double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;
+            for (i = 0; i + 8 <= n0; i += 8)
+                for (int j = 0; j < 8; j++) s[j] += (double)xs[i + j];
+            for (; i < n0; i++) t += xs[i];
+            for (int j = 0; j < 8; j++) t += s[j];
+            mean = t / (double)n0;
+        }
+        double q[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ss = 0;
+        for (i = 0; i + 8 <= n0; i += 8)
+            for (int j = 0; j < 8; j++) { double c = (double)xs[i + j] - mean; q[j] += c * c; }
+        for (; i < n0; i++) { double c = (double)xs[i] - mean; ss += c * c; }
+        for (int j = 0; j < 8; j++) ss += q[j];
+        double sc;
+        if (rms == 2) { /* L2_NORM: x / max(|x|, eps) */
+            const double nrm = sqrt(ss);
+            sc = 1.0 / (nrm > (double)eps ? nrm : (double)eps);
+        } else {
+            sc = 1.0 / sqrt(ss / (double)n0 + (double)eps);
+        }
+        char *dr = ELT(d, 0, i1, i2, i3);
+        if (d->nb[0] == 4 && xs != x) {
+            float *o = (float *)dr;
+            if (rms == 1) { const float f = (float)sc; for (i = 0; i < n0; i++) o[i] = xs[i] * f; }
+            else for (i = 0; i < n0; i++) o[i] = (float)(((double)xs[i] - mean) * sc);
+        } else {
+            if (xs != x) memcpy(x, xs, (size_t)n0 * 4);
+            for (i = 0; i < n0; i++) x[i] = (float)(((double)x[i] - mean) * sc);
+            FN(row_from_f32)(dr, CSIMD_F32, d->nb[0], x, n0);
+        }
+    }
+}
+
 ATTR static void FN(norm)(int rms, float eps, const csimd_tensor *a, const csimd_tensor *d, int nth) {
     const int64_t n0 = a->ne[0], nr = nrows_of(a);
-    (void)nth;
-#pragma omp parallel num_threads(nth) if (nth > 1)
+    if (nth <= 1) { /* on the calling thread alone: see binary */
+        float *x = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
+        if (x) FN(norm_rows)(rms, eps, a, d, x, 0, nr);
+        free(x);
+        return;
+    }
+#pragma omp parallel num_threads(nth)
     {
         float *x = (float *)csimd_alloc((size_t)(n0 + 16) * 4);
 #pragma omp for schedule(static)
-        for (int64_t ir = 0; ir < nr; ir++) {
-            if (!x) continue;
-            int64_t i1, i2, i3;
-            unravel_row(a, ir, &i1, &i2, &i3);
-            const char *ar = ELT(a, 0, i1, i2, i3);
-            const float *xs = (const float *)ar;
-            if (a->nb[0] != 4) { FN(row_to_f32)(x, ar, CSIMD_F32, a->nb[0], n0); xs = x; }
-            double mean = 0;
-            int64_t i;
-            if (!rms) {
-                double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0;
-                for (i = 0; i + 8 <= n0; i += 8)
-                    for (int j = 0; j < 8; j++) s[j] += (double)xs[i + j];
-                for (; i < n0; i++) t += xs[i];
-                for (int j = 0; j < 8; j++) t += s[j];
-                mean = t / (double)n0;
-            }
-            double q[8] = {0, 0, 0, 0, 0, 0, 0, 0}, ss = 0;
-            for (i = 0; i + 8 <= n0; i += 8)
-                for (int j = 0; j < 8; j++) { double c = (double)xs[i + j] - mean; q[j] += c * c; }
-            for (; i < n0; i++) { double c = (double)xs[i] - mean; ss += c * c; }
-            for (int j = 0; j < 8; j++) ss += q[j];
-            double sc;
-            if (rms == 2) { /* L2_NORM: x / max(|x|, eps) */
-                const double nrm = sqrt(ss);
-                sc = 1.0 / (nrm > (double)eps ? nrm : (double)eps);
-            } else {
-                sc = 1.0 / sqrt(ss / (double)n0 + (double)eps);
-            }
-            char *dr = ELT(d, 0, i1, i2, i3);
-            if (d->nb[0] == 4 && xs != x) {
-                float *o = (float *)dr;
-                if (rms == 1) { const float f = (float)sc; for (i = 0; i < n0; i++) o[i] = xs[i] * f; }
-                else for (i = 0; i < n0; i++) o[i] = (float)(((double)xs[i] - mean) * sc);
-            } else {
-                if (xs != x) memcpy(x, xs, (size_t)n0 * 4);
-                for (i = 0; i < n0; i++) x[i] = (float)(((double)x[i] - mean) * sc);
-                FN(row_from_f32)(dr, CSIMD_F32, d->nb[0], x, n0);
-            }
-        }
+        for (int64_t ir = 0; ir < nr; ir++)
+            if (x) FN(norm_rows)(rms, eps, a, d, x, ir, ir + 1);
         free(x);
     }
 }
@@ -1379,12 +1414,11 @@ ATTR static int64_t FN(geglu_f32)(float *d, const float *x, const float *g, int6
 /* ------------------------------------------------------------ gated linear units
    act: a unary op code (RELU, GELU, SILU, GELU_ERF, GELU_QUICK) or -1 for SWIGLU_OAI.
    b NULL: each row of a is split into halves x | g (swapped: g | x). */
-ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const csimd_tensor *a,
-                         const csimd_tensor *b, const csimd_tensor *d, int nth) {
-    const int64_t n0 = d->ne[0], nr = nrows_of(d);
-    (void)nth;
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
-    for (int64_t ir = 0; ir < nr; ir++) {
+/* rows r0 .. r1 - 1 of glu */
+ATTR static void FN(glu_rows)(int act, int swapped, double alpha, double limit, const csimd_tensor *a,
+                              const csimd_tensor *b, const csimd_tensor *d, int64_t r0, int64_t r1) {
+    const int64_t n0 = d->ne[0];
+    for (int64_t ir = r0; ir < r1; ir++) {
         int64_t i1, i2, i3;
         unravel_row(d, ir, &i1, &i2, &i3);
         const char *xr = ELT(a, 0, i1, i2, i3), *gr;
@@ -1419,6 +1453,17 @@ ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const
             store_f64(dr + i * d->nb[0], d->type, r);
         }
     }
+}
+
+ATTR static void FN(glu)(int act, int swapped, double alpha, double limit, const csimd_tensor *a,
+                         const csimd_tensor *b, const csimd_tensor *d, int nth) {
+    const int64_t nr = nrows_of(d);
+    if (nth <= 1) { /* on the calling thread alone: see binary */
+        FN(glu_rows)(act, swapped, alpha, limit, a, b, d, 0, nr);
+        return;
+    }
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (int64_t ir = 0; ir < nr; ir++) FN(glu_rows)(act, swapped, alpha, limit, a, b, d, ir, ir + 1);
 }
 
 /* ------------------------------------------------------------ index maps (F32): 0 PAD (p = lp0..lp3, circular),

@@ -3,42 +3,48 @@
    prism_core/contention.py gives the rule and the measurements behind it; this is the same rule in C,
    since it looks at every kernel entry: every `look` seconds, at the entry of a kernel asking for
    several threads, the share of the time since the last look that the calling thread spent ready to
-   run but waiting for a CPU (Linux's /proc/thread-self/schedstat) is compared to `share`. Above it,
-   kernels take half the threads (at least one) for a hold, halving again while still above; after the
+   run but waiting for a CPU (Linux's /proc/thread-self/schedstat) is compared to `share`, and the CPUs'
+   time this process left to others (the CPUs it may run on, less its own CPU time over all its threads:
+   its own threads, OpenBLAS's spinning workers among them, are no outside load) to `outside`. Above
+   both, kernels take half the threads (at least one) for a hold, halving again while still above; after the
    hold every thread is tried for one look: a failed try doubles the hold (up to `hold_max`), a passed
    one resets it to `hold_min`. Each calling thread has its own watch: each has its own OpenMP team and
    its own scheduler statistics. The constants come from Python (csimd_set_adaptive_threads). */
 #include <fcntl.h>
+#include <sched.h>
 #include <time.h>
 
 typedef struct {
-    double t0, delay0, hold, until; /* the last look (time, total delay); the current hold; its end */
+    double t0, delay0, cpu0;        /* the last look: time, the thread's total delay, the process's CPU time */
+    double hold, until;             /* the current hold; its end */
     int limit;                      /* 0: none, else the most threads a kernel takes */
     int started;
     unsigned generation;            /* the settings this watch started under */
 } thread_watch;
 
 static struct {
-    double look, share, hold_min, hold_max;
-    int on;
+    double look, share, outside, hold_min, hold_max;
+    int on, ncpu; /* ncpu: the CPUs this process may run on, counted when the rule is set */
     unsigned generation;
-} g_watch_cfg = {0.1, 0.1, 1.0, 8.0, 0, 1};
+} g_watch_cfg = {0.1, 0.1, 0.5, 1.0, 8.0, 0, 1, 1};
 
 static __thread thread_watch tl_watch;
 
-static void watch_start(thread_watch *w, double t, double delay) {
-    *w = (thread_watch){t, delay, g_watch_cfg.hold_min, 0, 0, 1, g_watch_cfg.generation};
+static void watch_start(thread_watch *w, double t, double delay, double cpu) {
+    *w = (thread_watch){t, delay, cpu, g_watch_cfg.hold_min, 0, 0, 1, g_watch_cfg.generation};
 }
 
-/* the rule: one look at time t, the thread having waited `delay` s in all, nth threads asked for */
-static int watch_look(thread_watch *w, double t, double delay, int nth) {
+/* the rule: one look at time t, the thread having waited `delay` s in all and the process having run
+   `cpu` s on all its threads, on `ncpu` CPUs, nth threads asked for */
+static int watch_look(thread_watch *w, double t, double delay, double cpu, int ncpu, int nth) {
     if (!w->started) {
-        watch_start(w, t, delay);
+        watch_start(w, t, delay, cpu);
         return w->limit;
     }
     const double dt = t - w->t0;
     if (dt < g_watch_cfg.look) return w->limit;
-    const int busy = (delay - w->delay0) / dt > g_watch_cfg.share;
+    const int busy = (delay - w->delay0) / dt > g_watch_cfg.share
+                     && (double)ncpu - (cpu - w->cpu0) / dt >= g_watch_cfg.outside;
     if (w->limit == 0) {
         if (busy) {
             w->limit = nth / 2 > 1 ? nth / 2 : 1;
@@ -55,6 +61,7 @@ static int watch_look(thread_watch *w, double t, double delay, int nth) {
     }
     w->t0 = t;
     w->delay0 = delay;
+    w->cpu0 = cpu;
     return w->limit;
 }
 
@@ -76,6 +83,23 @@ static double run_delay_s(void) {
 #endif
 }
 
+/* the process's CPU time so far, all its threads together, in seconds */
+static double process_cpu_s(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0; /* never on Linux: then every wait counts */
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* the CPUs this process may run on (its affinity mask), at least 1 */
+static int usable_cpus(void) {
+#if defined(__linux__) && defined(CPU_COUNT) /* CPU_COUNT needs _GNU_SOURCE, which Python.h defines */
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 static int clamp_threads(int nth) {
 #ifdef _OPENMP
     if (nth <= 1) return 1;
@@ -90,7 +114,7 @@ static int clamp_threads(int nth) {
     }
     if (!w->started || t - w->t0 >= g_watch_cfg.look) {
         const double delay = run_delay_s();
-        if (delay >= 0) watch_look(w, t, delay, nth);
+        if (delay >= 0) watch_look(w, t, delay, process_cpu_s(), g_watch_cfg.ncpu, nth);
     }
     return w->limit > 0 && w->limit < nth ? w->limit : nth;
 #else
@@ -99,10 +123,14 @@ static int clamp_threads(int nth) {
 #endif
 }
 
-int csimd_set_adaptive_threads(int on, double look, double share, double hold_min, double hold_max) {
-    if (!(look > 0) || !(share > 0 && share < 1) || !(hold_min > 0) || !(hold_max >= hold_min)) return -1;
+int csimd_set_adaptive_threads(int on, double look, double share, double outside, double hold_min,
+                               double hold_max) {
+    if (!(look > 0) || !(share > 0 && share < 1) || !(outside > 0) || !(hold_min > 0) || !(hold_max >= hold_min))
+        return -1;
     g_watch_cfg.look = look;
     g_watch_cfg.share = share;
+    g_watch_cfg.outside = outside;
+    g_watch_cfg.ncpu = usable_cpus();
     g_watch_cfg.hold_min = hold_min;
     g_watch_cfg.hold_max = hold_max;
     g_watch_cfg.on = on != 0 && run_delay_s() >= 0;
@@ -110,8 +138,17 @@ int csimd_set_adaptive_threads(int on, double look, double share, double hold_mi
     return g_watch_cfg.on;
 }
 
-int csimd_thread_watch_look(double t, double delay, int nth, int reset) {
+int csimd_thread_watch_look(double t, double delay, double cpu, int ncpu, int nth, int reset) {
     static __thread thread_watch w;
     if (reset) w.started = 0;
-    return watch_look(&w, t, delay, nth);
+    return watch_look(&w, t, delay, cpu, ncpu, nth);
+}
+
+int csimd_thread_readings(double *out) {
+    const double delay = run_delay_s();
+    if (delay < 0) return -1;
+    out[0] = delay;
+    out[1] = process_cpu_s();
+    out[2] = (double)usable_cpus();
+    return 0;
 }

@@ -3,14 +3,19 @@ csrc/csimd_threads.h): the rule fed by hand to both implementations, and the pro
 safe: no kernel's values depend on how many threads computed them.
 
 The rule, from its description: every 0.1 s (a "look") the share of the time since the last look that
-the calling thread waited for a CPU is compared to 10%; above it, kernels take half the threads (at
-least 1) for a hold of 1 s, halving again while above; after the hold every thread is tried for one
-look; a failed try doubles the hold (at most 8 s), a passed one resets it to 1 s. Each case below is
-that rule worked by hand, at times of whole eighths of a second (exact in binary, so that no interval
-lands a rounding error short of 0.1 s).
+the calling thread waited for a CPU is compared to 10%, and the CPUs' time the process left to others
+(the CPUs it may run on, less its own CPU time over all its threads, per second) to half a CPU; above
+both, kernels take half the threads (at least 1) for a hold of 1 s, halving again while above; after the
+hold every thread is tried for one look; a failed try doubles the hold (at most 8 s), a passed one
+resets it to 1 s. Each case below is that rule worked by hand, at times of whole eighths of a second
+(exact in binary, so that no interval lands a rounding error short of 0.1 s), on 2 CPUs; unless a case
+says otherwise the process runs one CPU's worth, leaving the other to the process that makes it wait.
 """
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +25,7 @@ from prism_core import contention
 
 BUSY = 0.05  # s waited per 0.125 s look: 40%
 QUIET = 0.001  # 0.8%
+NCPU = 2
 
 
 def _csimd_lib():
@@ -31,13 +37,13 @@ def _csimd_lib():
 
 
 def python_looks(samples, nth):
-    w = contention.ThreadWatch()
-    return [w.look(t, d, nth) for t, d in samples]
+    w = contention.ThreadWatch(NCPU)
+    return [w.look(t, d, cpu, nth) for t, d, cpu in samples]
 
 
 def c_looks(samples, nth):
     lib = _csimd_lib()
-    return [lib.csimd_thread_watch_look(t, d, nth, int(i == 0)) for i, (t, d) in enumerate(samples)]
+    return [lib.csimd_thread_watch_look(t, d, cpu, NCPU, nth, int(i == 0)) for i, (t, d, cpu) in enumerate(samples)]
 
 
 @pytest.fixture(params=["python", "csimd"])
@@ -46,11 +52,13 @@ def looks(request):
 
 
 def walk(steps):
-    """(dt, waited, want) steps from (0 s, 0 s waited) -> the samples and the limits they should give."""
-    t, d, samples, want = 0.0, 0.0, [(0.0, 0.0)], [0]
-    for dt, waited, limit in steps:
-        t, d = t + dt, d + waited
-        samples.append((t, d))
+    """(dt, waited, want) or (dt, waited, CPUs the process used, want) steps from (0 s, 0 s waited, 0 s
+    of CPU) -> the samples and the limits they should give; the process uses 1 CPU where not given."""
+    t, d, cpu, samples, want = 0.0, 0.0, 0.0, [(0.0, 0.0, 0.0)], [0]
+    for step in steps:
+        dt, waited, used, limit = step if len(step) == 4 else (step[0], step[1], 1.0, step[2])
+        t, d, cpu = t + dt, d + waited, cpu + used * dt
+        samples.append((t, d, cpu))
         want.append(limit)
     return samples, want
 
@@ -92,10 +100,63 @@ def test_failed_tries_double_the_hold_up_to_eight_seconds_and_a_passed_one_reset
     assert looks(samples, 2) == want
 
 
+def test_a_wait_behind_the_process_own_threads_keeps_every_thread(looks):
+    # 40% waited each look, but the process itself ran both CPUs (1.875 and 2.0 CPUs' worth: another
+    # library's workers spinning beside the kernel's threads): nobody else took them, every thread stays
+    samples, want = walk([(0.125, BUSY, 1.875, 0), (0.125, BUSY, 2.0, 0), (0.25, BUSY, 1.75, 0)])
+    assert looks(samples, 2) == want
+
+
+def test_a_wait_counts_once_other_processes_had_half_a_cpu(looks):
+    # 1.625 CPUs used: 0.375 left to others, not enough; 1.5: half a CPU, the wait counts
+    samples, want = walk([(0.125, BUSY, 1.625, 0), (0.125, BUSY, 1.5, 1)])
+    assert looks(samples, 2) == want
+
+
+def test_an_outside_process_after_the_own_threads_still_halves(looks):
+    # own threads first (no halving), then a busy process takes a CPU: 4 of 8 threads, then 2
+    samples, want = walk([(0.125, BUSY, 2.0, 0), (0.125, BUSY, 1.0, 4), (0.125, BUSY, 1.25, 2),
+                          (1.0, 0, 2.0, 0)])
+    assert looks(samples, 8) == want
+
+
+def test_the_process_cpu_reading_counts_every_thread_of_it():
+    """What the rule reads as the process's CPU time includes its other threads' (here two Python threads
+    busy in NumPy's C code, the GIL released, while the calling thread sleeps), so their spinning is
+    never taken for another process's; and Python's reading and csimd's agree on the CPUs."""
+    lib = _csimd_lib()
+    from prism_csimd.kernels import _state
+    out = _state["ffi"].new("double[3]")
+    if lib.csimd_thread_readings(out) != 0:
+        pytest.skip("no scheduler statistics here (not Linux)")
+    stop = threading.Event()
+    a = np.random.default_rng(0).standard_normal(1 << 16)
+
+    def spin():
+        while not stop.is_set():
+            np.sort(a)  # releases the GIL
+
+    mine0, proc0 = time.thread_time(), out[1]
+    workers = [threading.Thread(target=spin) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert lib.csimd_thread_readings(out) == 0
+    mine = time.thread_time() - mine0
+    assert out[1] - proc0 > mine  # the workers' time is in it
+    assert out[2] == contention.usable_cpus() >= 1
+
+
 def test_csimd_refuses_bad_constants():
     lib = _csimd_lib()
-    c = (contention.LOOK_S, contention.DELAY_SHARE, contention.HOLD_MIN_S, contention.HOLD_MAX_S)
-    for bad in ((0.0, *c[1:]), (c[0], 1.0, *c[2:]), (*c[:2], 0.0, c[3]), (*c[:3], 0.5)):
+    c = (contention.LOOK_S, contention.DELAY_SHARE, contention.OUTSIDE_CPUS, contention.HOLD_MIN_S,
+         contention.HOLD_MAX_S)
+    for bad in ((0.0, *c[1:]), (c[0], 1.0, *c[2:]), (*c[:2], 0.0, *c[3:]), (*c[:3], 0.0, c[4]), (*c[:4], 0.5)):
         assert lib.csimd_set_adaptive_threads(1, *bad) == -1
     assert lib.csimd_set_adaptive_threads(1, *c) in (0, 1)
 

@@ -283,3 +283,23 @@ def test_c_entry_points_refuse_inconsistent_descriptors():
     assert fa(t("q", (8, 3, 4, 1)), t("k", (8, 5, 2, 1)), t("v", (8, 5, 2, 1)), ffi.NULL, ffi.NULL, sl, 1.0, 0.0,
               t("d", (8, 4, 3, 1)), nth) == 0  # consistent: all zeros in, the mean of zero rows out
     assert (bufs["d"][:96] == 0.0).all() and (bufs["d"][96:] == 7.0).all()
+
+
+def test_flash_attn_gives_the_same_bits_whatever_ran_before_on_the_thread(isa):
+    """Each thread's work rows are kept from one call to the next (csrc/csimd_scratch.h): a call after
+    another of a wider head size (whose V rows held NaN where this call's rows have their padding), with
+    keys beyond a chunk's last live group, gives the bits it gave before, and the reference's values."""
+    narrow = (40, 40, 1, 300, 4, 1, 1, 1, "causal", (1, 1), 0.0, 0.0, False, F16)  # Dv 40: rows padded to 48
+    first, ref = _both(_build_attn(narrow))
+    np.testing.assert_allclose(first, ref, rtol=2e-5, atol=2e-6)
+
+    def wide_nan(ctx, rng):
+        q = leaf(ctx, rng, F32, (64, 1, 4, 1))
+        k = leaf(ctx, rng, F16, (64, 300, 1, 1))
+        v = ctx.from_numpy(np.full((1, 1, 300, 64), np.nan, np.float16), F16)
+        return pc.flash_attn_ext(q, k, v, None, scale=0.125)
+    ctx = pc.Context()
+    pc.compute(wide_nan(ctx, np.random.default_rng(1)), "csimd", strict=True)
+    again, _ = _both(_build_attn(narrow))
+    assert np.isfinite(again).all()
+    np.testing.assert_array_equal(again, first)

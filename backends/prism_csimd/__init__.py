@@ -47,7 +47,7 @@ ENV_SERIAL_WORK = "PRISM_CSIMD_SERIAL_WORK"
 SERIAL_WORK = 1 << 15
 #: the paths by their CSIMD_ISA_* numbers (csrc/csimd.h)
 ISA_NAMES = ("scalar", "avx2", "avx512", "avxvnni", "neon", "dotprod", "i8mm")
-ABI_VERSION = 6  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
+ABI_VERSION = 7  # csrc/csimd.h's CSIMD_ABI_VERSION: the C signatures these wrappers call
 
 _loaded: dict[str, object] = {}
 
@@ -55,7 +55,7 @@ _loaded: dict[str, object] = {}
 REQUIRED_FUNCTIONS = (
     "csimd_abi_version", "csimd_cpu_isa", "csimd_isa_runs", "csimd_set_isa", "csimd_get_isa", "csimd_has_openmp",
     "csimd_max_threads",
-    "csimd_set_adaptive_threads", "csimd_thread_watch_look", "csimd_binary",
+    "csimd_set_adaptive_threads", "csimd_thread_watch_look", "csimd_thread_readings", "csimd_binary",
     "csimd_unary", "csimd_set_gelu_tables",
     "csimd_mul_mat", "csimd_soft_max", "csimd_norm", "csimd_cpy", "csimd_get_rows",
     "csimd_cross_entropy", "csimd_opt_step", "csimd_repeat", "csimd_reduce", "csimd_repeat_back", "csimd_rows_back",
@@ -164,7 +164,8 @@ def _configure(mod) -> tuple[bool, str]:
         return False, str(e)
     if _loaded.get("adaptive") != watching:  # setting it starts every watch afresh: only on a change
         if lib.csimd_set_adaptive_threads(int(watching), contention.LOOK_S, contention.DELAY_SHARE,
-                                          contention.HOLD_MIN_S, contention.HOLD_MAX_S) < 0:
+                                          contention.OUTSIDE_CPUS, contention.HOLD_MIN_S,
+                                          contention.HOLD_MAX_S) < 0:
             return False, "the C extension refused prism_core.contention's constants"
         _loaded["adaptive"] = watching
     tables = (np.ascontiguousarray(gelu_f16_table(), np.float32),
