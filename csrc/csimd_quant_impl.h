@@ -1310,6 +1310,25 @@ QATTR static int FN(q_gemm_item)(int qa, int64_t K, int64_t M, int64_t wnb1, con
     const int64_t m0 = tm * mi, m1 = m0 + mi < M ? m0 + mi : M;
     q_wrow w[4];
     (void)actg;
+#if ISA_LEVEL == 1
+    if (j1 - j0 > QM_DIRECT && Q2B_HAS(qa)) {
+        /* a prompt's tile: the batched kernels too, Q2B_ROWS activation rows at a time (they stay in L1) against
+           every weight row of the item (from L2), the last 9..16 rows in one call; measured on Gemma 3 270M's
+           shapes, 512 rows, one thread (Zen 4 on its AVX2 path), against decoding each weight row first: Q4_K
+           1.75x, Q6_K 1.64x, Q8_0 1.18x, Q5_0 1.07x, Q4_0 1.14x faster. Rows then get the bits they get alone. */
+        for (int64_t j = j0; j < j1;) {
+            const int64_t je = j1 - j <= QM_DIRECT ? j1 : j + Q2B_ROWS;
+            for (int64_t m = m0; m < m1; m += 4) {
+                const int R = (int)(m1 - m < 4 ? m1 - m : 4);
+                const uint8_t *wr[4];
+                for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)(gw[g] + (m + r) * wnb1);
+                FN(q2b_tile)(qa, wr, R, K, acts, kp, arow, out, j, je, m, 0);
+            }
+            j = je;
+        }
+        return 0;
+    }
+#endif
     for (int64_t m = m0; m < m1; m += 4) {
         const int R = (int)(m1 - m < 4 ? m1 - m : 4);
         if (j1 - j0 <= QM_DIRECT) {
