@@ -2,7 +2,8 @@
    of the quantized template, included by csimd_quant_impl.h at ISA_LEVEL 1 after csimd_quant_avx2.h, whose
    unpacking and per-pair arithmetic it reuses.
 
-   A step of several sequences (or a short prompt) multiplies each weight matrix by a few activation rows. The
+   A step of several sequences (or a short prompt) multiplies each weight matrix by a few activation rows; a
+   longer prompt's tiles come here too, 8 rows at a time (q_gemm_item), faster than decoding weight rows. The
    matrix-vector kernels (q_gemv_k) would unpack every weight block again for each activation row; here a
    block is unpacked once (nibbles, fifth bits, K-quant scales shuffled to their lanes) and used from registers
    for every activation row of the tile. Each (weight row, activation row) pair gets exactly the operations

@@ -700,7 +700,7 @@ def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
 
 # The formats with fused matrix-vector kernels on AVX2 (csrc/csimd_quant_avx2.h) and AVX-512 (csimd_quant_impl.h,
 # csimd_quant_avx512.h): read straight from their blocks for up to 16 activation rows per weight tile (csrc
-# QM_DIRECT), decoded first beyond.
+# QM_DIRECT), decoded first beyond (except Q4_0, Q5_0, Q8_0, Q4_K and Q6_K on AVX2: batched kernels for any tile).
 FUSED = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_NL,
               GT.IQ4_XS, GT.MXFP4)
 
