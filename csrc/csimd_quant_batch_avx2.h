@@ -2,7 +2,8 @@
    of the quantized template, included by csimd_quant_impl.h at ISA_LEVEL 1 after csimd_quant_avx2.h, whose
    unpacking and per-pair arithmetic it reuses.
 
-   A step of several sequences (or a short prompt) multiplies each weight matrix by a few activation rows. The
+   A step of several sequences (or a short prompt) multiplies each weight matrix by a few activation rows; a
+   longer prompt's tiles come here too, 8 rows at a time (q_gemm_item), faster than decoding weight rows. The
    matrix-vector kernels (q_gemv_k) would unpack every weight block again for each activation row; here a
    block is unpacked once (nibbles, fifth bits, K-quant scales shuffled to their lanes) and used from registers
    for every activation row of the tile. Each (weight row, activation row) pair gets exactly the operations
@@ -11,29 +12,29 @@
    activation row goes through q_gemv_k (passes of 4 weight rows sharing the activation's loads). */
 
 #define Q2B_ROWS 8 /* activation rows per pass over a weight row: their accumulators stay in registers (or L1) */
+#define Q2B_HAS(t) ((t) == Q_Q4_0 || (t) == Q_Q5_0 || (t) == Q_Q8_0 || (t) == Q_Q4_K || (t) == Q_Q6_K)
 
 /* Q4_0, Q5_0, Q8_0: q_gemv_b32_r's operations for one weight row against N activation rows */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_b32_row)(const int t, const uint8_t *w, int64_t K,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
     const int64_t bb = q_block_bytes(t);
-    const int sgn = Q_B32_SIGNED(t);
     __m256 acc[Q2B_ROWS];
     for (int j = 0; j < N; j++) acc[j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 32) {
         const uint8_t *b = w + (k / 32) * bb;
         if (pf) _mm_prefetch((const char *)b + pf, _MM_HINT_T1);
-        const __m256i wv = FN(q_b32_weights)(t, b);
-        const __m256i wu = sgn ? _mm256_sign_epi8(wv, wv) : wv;
+        /* Q4_0/Q5_0's unsigned q + bias made signed once per block, then every format by the sign trick: two
+           instructions a row where the bias would cost a load and a shift (the lane sums are the same integers) */
+        __m256i wv = FN(q_b32_weights)(t, b);
+        if (!Q_B32_SIGNED(t)) wv = _mm256_sub_epi8(wv, _mm256_set1_epi8(t == Q_Q4_0 ? 8 : 16));
+        const __m256i wu = _mm256_sign_epi8(wv, wv);
         const __m256 dv = _mm256_set1_ps(FN(q_h2f)(b));
 #pragma GCC unroll 8
         for (int j = 0; j < Q2B_ROWS; j++) {
             if (j >= N) break;
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a[j]->q + k));
-            const __m256i p =
-                sgn ? FN(q_dp4)(_mm256_setzero_si256(), wu, _mm256_sign_epi8(av, wv))
-                    : FN(q_dp4)(_mm256_srai_epi32(_mm256_loadu_si256((const __m256i *)(a[j]->nbias + k / 4)),
-                                                  Q_B32_NB_SHIFT(t)), wv, av);
+            const __m256i p = FN(q_dp4)(_mm256_setzero_si256(), wu, _mm256_sign_epi8(av, wv));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_loadu_ps(a[j]->ls + k / 4)), acc[j]);
         }
     }
@@ -150,7 +151,7 @@ QATTR static int FN(q2b_tile)(int t, const uint8_t *const *wr, int R, int64_t K,
                               const int64_t *arow, float *const *out, int64_t j0, int64_t j1, int64_t col,
                               int64_t pf) {
     const int64_t n = j1 - j0;
-    if (n < 2 || !(t == Q_Q4_0 || t == Q_Q5_0 || t == Q_Q8_0 || t == Q_Q4_K || t == Q_Q6_K)) return 0;
+    if (n < 2 || !Q2B_HAS(t)) return 0;
     q_arow ar[QM_DIRECT];
     const q_arow *ap[QM_DIRECT];
     for (int64_t j = 0; j < n; j++) {

@@ -700,7 +700,7 @@ def test_mul_mat_rows_do_not_depend_on_the_rows_beside_them(wt):
 
 # The formats with fused matrix-vector kernels on AVX2 (csrc/csimd_quant_avx2.h) and AVX-512 (csimd_quant_impl.h,
 # csimd_quant_avx512.h): read straight from their blocks for up to 16 activation rows per weight tile (csrc
-# QM_DIRECT), decoded first beyond.
+# QM_DIRECT), decoded first beyond (except Q4_0, Q5_0, Q8_0, Q4_K and Q6_K on AVX2: batched kernels for any tile).
 FUSED = (GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q8_0, GT.Q2_K, GT.Q3_K, GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.IQ4_NL,
               GT.IQ4_XS, GT.MXFP4)
 
@@ -830,3 +830,27 @@ def test_batched_rows_bit_for_bit_as_alone_every_path(cs, isa, t, nth):
         for n in (2, 4, 7, 8, 9, 16):
             got = c_mul_mat(cs, t, w, (K, M, 1, 1), x[:n].reshape(1, 1, n, K), nth).reshape(n, M)
             np.testing.assert_array_equal(got, alone[:n], err_msg=f"K={K}, {n} rows")
+
+
+@pytest.mark.parametrize("t", (GT.Q4_0, GT.Q5_0, GT.Q8_0, GT.Q4_K, GT.Q6_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("nth", (1, 2))
+def test_prompt_rows_bit_for_bit_as_alone_on_avx2(cs, t, nth):
+    """On the AVX2 path a prompt's tiles (more than 16 activation rows) go through the batched kernels as well
+    (csrc/csimd_quant_batch_avx2.h: passes of 8 rows, the last 9 to 16 in one call), so each row of a prompt gets
+    the bits it gets alone, as a decoded token: 83 rows are a tile of 64 (six passes of 8, then 16) and one of 19
+    (8, then 11); a row of zeros and one huge value among them."""
+    _, lib = cs
+    if not lib.csimd_isa_runs(ISAS.index("avx2")):
+        pytest.skip("this CPU does not run the avx2 path")
+    rng = np.random.default_rng(int(t) + 37 * nth)
+    be, _ = _block(t)
+    K, M, N = (640 if be == 32 else 1024), 23, 83
+    w = random_blocks(t, M * K // be, rng)
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    x[40] = 0.0
+    x[70, 9] = 1e4
+
+    def rows(lo: int, hi: int) -> np.ndarray:
+        return c_mul_mat(cs, t, w, (K, M, 1, 1), x[lo:hi].reshape(1, 1, hi - lo, K), nth).reshape(hi - lo, M)
+    alone = _with_isa(cs, "avx2", lambda: np.concatenate([rows(i, i + 1) for i in range(N)]))
+    np.testing.assert_array_equal(_with_isa(cs, "avx2", lambda: rows(0, N)), alone)
