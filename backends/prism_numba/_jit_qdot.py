@@ -20,7 +20,7 @@ from prism_core.types import GGMLType, traits
 from . import _jit_qdot_table as QT
 from . import _qvec as V
 from ._jit_quant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _i8, decode_row
-from ._jit_qwalk import block_walk, by_format, chunk_pick, row_run, superblock_rows
+from ._jit_qwalk import AHEAD, block_walk, by_format, chunk_pick, row_run, superblock_rows
 from ._qvec_low_k import low_k_superblocks
 
 # Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
@@ -335,11 +335,11 @@ def _q6_k_one(a, o, xq, xc, xb, xd, xi, nk):
 
 def _k_quant_run(fmt: int, one):
     bs = traits(GGMLType(fmt)).type_size
-    return row_run(superblock_rows(one, ROWS, bs), superblock_rows(one, 1, bs), ROWS)
+    return row_run(superblock_rows(one, ROWS, bs, AHEAD), superblock_rows(one, 1, bs, AHEAD), ROWS)
 
 
 def _legacy_run(fmt: int):
-    walks = (block_walk(rows, 1, chunk_pick(*chunks[fmt]), _legacy_tail, _block_bytes, inline=True)
+    walks = (block_walk(rows, 1, chunk_pick(*chunks[fmt]), _legacy_tail, _block_bytes, inline=True, ahead=AHEAD)
              for rows, chunks in ((ROWS, _C41), (1, _C11)))
     return row_run(*walks, ROWS)
 

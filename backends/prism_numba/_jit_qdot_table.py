@@ -18,7 +18,7 @@ from numba import njit
 from . import _qvec as V
 from . import _qvec_table as T
 from ._jit_quant import E8M0_HALF, IQ4_NL, IQ4_XS, MXFP4
-from ._jit_qwalk import block_walk, chunk_pick, row_run, superblock_rows
+from ._jit_qwalk import AHEAD, block_walk, chunk_pick, row_run, superblock_rows
 
 _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)  # as _jit_qdot's (compiled with it)
 
@@ -138,10 +138,10 @@ def _iq4_xs_one(a, o, xq, xc, xb, xd, xi, nk):
 def runs(rows: int) -> dict:
     """{ggml type id: _jit_qwalk.row_run of it} for these formats, ``rows`` weight rows a pass (the grouping of
     dots' rows_dot and row_dot, with their arithmetic)."""
-    out = {IQ4_XS: row_run(superblock_rows(_iq4_xs_one, rows, _IQ4_XS_BYTES),
-                           superblock_rows(_iq4_xs_one, 1, _IQ4_XS_BYTES), rows)}
+    out = {IQ4_XS: row_run(superblock_rows(_iq4_xs_one, rows, _IQ4_XS_BYTES, AHEAD),
+                           superblock_rows(_iq4_xs_one, 1, _IQ4_XS_BYTES, AHEAD), rows)}
     for fmt, i in ((IQ4_NL, 0), (MXFP4, 2)):
-        walks = (block_walk(r, 1, chunk_pick(*_chunks(r, 1)[i:i + 2]), _block_tail, _block_bytes, inline=True)
-                 for r in (rows, 1))
+        walks = (block_walk(r, 1, chunk_pick(*_chunks(r, 1)[i:i + 2]), _block_tail, _block_bytes, inline=True,
+                            ahead=AHEAD) for r in (rows, 1))
         out[fmt] = row_run(*walks, rows)
     return out

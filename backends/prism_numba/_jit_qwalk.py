@@ -12,19 +12,22 @@ from . import _qvec as V
 
 _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)  # compiled with _jit_qdot's kernel
 
-#: a run prefetches (to every cache level) the weight rows this many passes of ``rows`` rows ahead: four
+#: a run's walks prefetch the weight rows this many passes of four rows ahead (AHEAD rows), a few lines with
+#: each chunk of blocks: four
 #: interleaved rows are short streams that the hardware prefetchers follow poorly from memory (csimd's
 #: kernels prefetch three passes ahead for the same reason)
 PASSES_AHEAD = 3
+AHEAD = 4 * PASSES_AHEAD
 
 
-def block_walk(rows: int, cols: int, pick, tail, block_bytes, inline: bool = False):
+def block_walk(rows: int, cols: int, pick, tail, block_bytes, inline: bool = False, ahead: int = 0):
     """A function walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r * cols + c] (zeroed first) = the
     products of the ``rows`` weight rows at bytes wo + r * ws of a with the ``cols`` activation rows at
     xo + c * nk. pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk): the rows * cols sums of fmt's vector code over
     eight blocks (eight true) or two from byte o and activation xi; tail(fmt, a, o, xq, xd, xo): one block in
     scalar code; block_bytes(fmt): a block's bytes. inline: the walk is inlined where it is called (a run's
-    walk of one format: no call per row)."""
+    walk of one format: no call per row). ahead: with each chunk, the same bytes of the rows this many rows
+    further on are prefetched (a run's: spread over the walk, not in one burst per pass)."""
     n = rows * cols
 
     @njit(inline="always" if inline else "never", **_OPTS)
@@ -36,6 +39,11 @@ def block_walk(rows: int, cols: int, pick, tail, block_bytes, inline: bool = Fal
         ib = 0
         while ib + 2 <= nb:
             eight = ib + 8 <= nb
+            if ahead:
+                for r in range(rows):
+                    p0 = wo + (r + ahead) * ws + ib * bs
+                    for p in range(p0, p0 + (8 if eight else 2) * bs, 64):
+                        V.prefetch(a, p)
             t = pick(fmt, eight, a, wo + ib * bs, ws, xq, xc, xd, xo + 32 * ib, nk)
             for i in range(n):
                 acc[i] += t[i]
@@ -57,17 +65,20 @@ def chunk_pick(eight_chunk, two_chunk):
     return pick
 
 
-def superblock_rows(one, rows: int, block_bytes: int):
+def superblock_rows(one, rows: int, block_bytes: int, ahead: int):
     """An inlined walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r] = the products of the ``rows``
     weight rows at bytes wo + r * ws of a, super-blocks of block_bytes bytes, with the activation row at xo:
     per row the float32 sum, in super-block order, of one(a, o, xq, xc, xb, xd, xi, nk) (a super-block's
-    scaled product), the arithmetic of _jit_qdot's row_dot."""
+    scaled product), the arithmetic of _jit_qdot's row_dot; with each super-block, the same bytes of the row
+    ``ahead`` rows further on prefetched."""
     @njit(inline="always", **_OPTS)
     def walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
         for r in range(rows):
             w = wo + r * ws
             s = np.float32(0.0)
             for ib in range(nk // 256):
+                for p in range(w + ahead * ws + ib * block_bytes, w + ahead * ws + (ib + 1) * block_bytes, 64):
+                    V.prefetch(a, p)
                 s += one(a, w + ib * block_bytes, xq, xc, xb, xd, xo + 256 * ib, nk)
             acc[r] = s
     return walk
@@ -77,18 +88,16 @@ def row_run(walk_rows, walk_row, rows: int):
     """A function run(fmt, a, wo, ws, g, xq, xc, xd, xb, xo, nk, acc, orow, m): orow[m + r] for r < g = the
     products of the g weight rows at bytes wo + r * ws of a with the one activation row at xo, ``rows`` at a
     time by walk_rows (into acc[0:rows]) and the last g % rows by walk_row (into acc[0]), as _jit_qdot's _task
-    groups them; both inlined, so that one call serves a task's rows (a call per row, with the arrays
+    groups them (both prefetching the rows PASSES_AHEAD passes ahead); both inlined, so that one call serves a
+    task's rows (a call per row, with the arrays
     passed and reference-counted, cost as much as the vector code at 2048 values a row). Only one format's
     code is in the loop."""
     @njit(**_OPTS)
     def run(fmt, a, wo, ws, g, xq, xc, xd, xb, xo, nk, acc, orow, m):
-        ahead = PASSES_AHEAD * rows * ws
         r = 0
         while r < g:
             o = wo + r * ws
             if r + rows <= g:
-                for p in range(o + ahead, o + ahead + rows * ws, 64):
-                    V.prefetch(a, p)
                 walk_rows(fmt, a, o, ws, xq, xc, xd, xb, xo, nk, acc)
                 for i in range(rows):
                     orow[m + r + i] = acc[i]
