@@ -75,3 +75,25 @@ def test_each_row_is_what_it_gives_alone(nb, monkeypatch, kind, threads):
         if i != 6:
             assert np.array_equal(got[i], alone[i]), i
     assert np.isnan(got[6].view(np.float32)).all()
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("kind", (GT.Q8_0, GT.Q4_1, GT.Q6_K, GT.Q3_K, GT.IQ4_NL, GT.IQ4_XS), ids=lambda t: t.name)
+def test_few_rows_with_a_nan_match_the_blocked_walk(nb, monkeypatch, kind, threads):
+    """Fewer activation rows than a ROWS x COLS block (1-3: each runs over a task's weight rows in one call,
+    _jit_qwalk.row_run) give the bits that the same rows get in a batch of eight (the 4 x 4 blocks), and a
+    row holding a NaN among them takes the float product without disturbing its neighbours."""
+    monkeypatch.setenv("PRISM_NUM_THREADS", str(threads))
+    monkeypatch.setattr(nb, "_adaptive", False)
+    rng = np.random.default_rng(11)
+    ctx = pc.Context()
+    w = _weight(ctx, kind, rng)
+    x = rng.standard_normal((8, K[kind])).astype(np.float32)
+    blocked = _product(nb, ctx, w, x)
+    for rows in (1, 2, 3):
+        assert np.array_equal(_product(nb, ctx, w, x[:rows]), blocked[:rows]), rows
+    y = x[:3].copy()
+    y[1, 40] = np.nan
+    got = _product(nb, ctx, w, y)
+    assert np.array_equal(got[0], blocked[0]) and np.array_equal(got[2], blocked[2])
+    assert np.isnan(got[1].view(np.float32)).all()

@@ -20,7 +20,7 @@ from prism_core.types import GGMLType, traits
 from . import _jit_qdot_table as QT
 from . import _qvec as V
 from ._jit_quant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _i8, decode_row
-from ._jit_qwalk import block_walk
+from ._jit_qwalk import AHEAD, block_walk, by_format, chunk_pick, row_run, superblock_rows
 from ._qvec_low_k import low_k_superblocks
 
 # Only the kernel is cached, under a key that holds the vector ISA (isa.py: PRISM_NUMBA_ISA may pick
@@ -155,11 +155,18 @@ ROWS = 4  # weight rows per pass over an activation row (each activation load se
 COLS = 4  # activation rows per unpacking of a weight block (block_dot)
 
 
-def _legacy_walk(rows: int, cols: int):
+_LEGACY = (("Q8_0", Q8_0), ("Q4_0", Q4_0), ("Q5_0", Q5_0), ("Q4_1", Q4_1), ("Q5_1", Q5_1))
+
+
+def _legacy_chunks(rows: int, cols: int) -> dict:
+    """{ggml type id: (its chunk of eight blocks, of two)} of the vector code of _qvec, for rows x cols."""
+    return {fid: (V.legacy_chunk(f, 4, rows, cols), V.legacy_chunk(f, 1, rows, cols)) for f, fid in _LEGACY}
+
+
+def _legacy_walk(rows: int, cols: int, chunks: dict):
     """_jit_qwalk.block_walk of Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 (the vector code of _qvec; the same float32
     operations for every (rows, cols))."""
-    chunks = [V.legacy_chunk(f, p, rows, cols) for f in ("Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1") for p in (4, 1)]
-    q8_8, q8_2, q4_8, q4_2, q5_8, q5_2, q41_8, q41_2, q51_8, q51_2 = chunks
+    (q8_8, q8_2), (q4_8, q4_2), (q5_8, q5_2), (q41_8, q41_2), (q51_8, q51_2) = (chunks[f] for _, f in _LEGACY)
 
     @njit(inline="always", **_OPTS)
     def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
@@ -209,7 +216,9 @@ _Q5_K, _Q5_KB = V.q4_k_superblocks(1, "Q5_K"), V.q4_k_superblocks(COLS, "Q5_K")
 _Q6_K, _Q6_KB = V.q6_k_superblocks(1), V.q6_k_superblocks(COLS)
 _Q2_K, _Q2_KB = low_k_superblocks("Q2_K", 1), low_k_superblocks("Q2_K", COLS)
 _Q3_K, _Q3_KB = low_k_superblocks("Q3_K", 1), low_k_superblocks("Q3_K", COLS)
-_walk_1x1, _walk_rows, _walk_block = _legacy_walk(1, 1), _legacy_walk(ROWS, 1), _legacy_walk(ROWS, COLS)
+_C11, _C41, _C44 = _legacy_chunks(1, 1), _legacy_chunks(ROWS, 1), _legacy_chunks(ROWS, COLS)
+_walk_1x1, _walk_rows, _walk_block = (_legacy_walk(r, c, ch) for r, c, ch in ((1, 1, _C11), (ROWS, 1, _C41),
+                                                                            (ROWS, COLS, _C44)))
 
 
 # Every product below, whichever function computes it (one weight row by one activation row, ROWS by
@@ -306,6 +315,44 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
         _walk_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
 
 
+# ------------------------------------------------------------------ one activation row
+# A run (_jit_qwalk.row_run) computes one activation row's products with all of a task's weight rows in one call,
+# the format's walk inlined: the same arithmetic per product as rows_dot and row_dot.
+@njit(inline="always", **_OPTS)
+def _q4_k_one(a, o, xq, xc, xb, xd, xi, nk):
+    return _Q4_K(a, o, xq, xb, xd, xi, nk)
+
+
+@njit(inline="always", **_OPTS)
+def _q5_k_one(a, o, xq, xc, xb, xd, xi, nk):
+    return _Q5_K(a, o, xq, xb, xd, xi, nk)
+
+
+@njit(inline="always", **_OPTS)
+def _q6_k_one(a, o, xq, xc, xb, xd, xi, nk):
+    return xd[xi // 256] * V.half_at(a, o + 208) * np.float32(_Q6_K(a, o, xq, xc, xi, nk))
+
+
+def _k_quant_run(fmt: int, one):
+    bs = traits(GGMLType(fmt)).type_size
+    return row_run(superblock_rows(one, ROWS, bs, AHEAD), superblock_rows(one, 1, bs, AHEAD), ROWS)
+
+
+def _legacy_run(fmt: int):
+    walks = (block_walk(rows, 1, chunk_pick(*chunks[fmt]), _legacy_tail, _block_bytes, inline=True, ahead=AHEAD)
+             for rows, chunks in ((ROWS, _C41), (1, _C11)))
+    return row_run(*walks, ROWS)
+
+
+_RUNS = {fmt: _legacy_run(fmt) for _, fmt in _LEGACY}
+_RUNS.update({Q4_K: _k_quant_run(Q4_K, _q4_k_one), Q5_K: _k_quant_run(Q5_K, _q5_k_one),
+              Q6_K: _k_quant_run(Q6_K, _q6_k_one), Q2_K: _k_quant_run(Q2_K, _Q2_K),
+              Q3_K: _k_quant_run(Q3_K, _Q3_K)})
+_RUNS.update(QT.runs(ROWS))
+#: run(fmt, a, wo, ws, g, xq, xc, xd, xb, xo, nk, acc, orow, m): _jit_qwalk.row_run of fmt
+row_run_of = by_format(_RUNS)
+
+
 # The portable vector code is never taken (kernels_quant.int_path), only compiled by the tests to check its
 # bits; without block_dot (a constant numba prunes) that compilation takes minutes less.
 MULTI_ROW = V.INT_PATH
@@ -346,6 +393,16 @@ def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
             base = (i3 * n2 + i2) * nn
             for q0 in range(0, nn, Q_BLOCK):
                 q1 = min(nn, q0 + Q_BLOCK)
+                if MULTI_ROW:
+                    if q1 - q0 < COLS:  # no ROWS x COLS blocks: each activation row runs over the rows at once
+                        for q in range(q0, q1):
+                            t = base + q
+                            if finite[t]:
+                                row_run_of(fmt, a, k3 * a.strides[0] + k2 * a.strides[1] + m0 * ws, ws, m_end - m0,
+                                           xq, xc, xd, xb, t * nk, nk, acc, out[q], m0)
+                            else:
+                                _float_rows(fmt, a, k3, k2, m0, m_end - m0, b[i3, i2, q], out[q])
+                        continue
                 m = m0
                 while m < m_end:
                     g = ROWS if m + ROWS <= m_end else 1

@@ -10,13 +10,15 @@ operations whichever of the 1 x 1, rows x 1 and rows x cols forms computes it (b
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
 from . import _qvec as V
 from . import _qvec_table as T
 from ._jit_quant import E8M0_HALF, IQ4_NL, IQ4_XS, MXFP4
-from ._jit_qwalk import block_walk
+from ._jit_qwalk import AHEAD, block_walk, chunk_pick, row_run, superblock_rows
 
 _OPTS = dict(cache=False, fastmath=False, error_model="numpy", nogil=True)  # as _jit_qdot's (compiled with it)
 
@@ -51,9 +53,15 @@ def _block_bytes(fmt):
     return 18 if fmt == IQ4_NL else 17
 
 
-def _walk(rows: int, cols: int):
+@functools.cache
+def _chunks(rows: int, cols: int) -> tuple:
+    """(IQ4_NL's chunk of eight blocks, of two, MXFP4's of eight, of two) for rows x cols."""
+    return tuple(T.chunk(f, p, rows, cols) for f in ("IQ4_NL", "MXFP4") for p in (4, 1))
+
+
+def _walk(rows: int, cols: int, chunks: tuple):
     """_jit_qwalk.block_walk of IQ4_NL and MXFP4."""
-    nl8, nl2, mx8, mx2 = (T.chunk(f, p, rows, cols) for f in ("IQ4_NL", "MXFP4") for p in (4, 1))
+    nl8, nl2, mx8, mx2 = chunks
 
     @njit(inline="always", **_OPTS)
     def pick(fmt, eight, a, o, ws, xq, xc, xd, xi, nk):
@@ -92,7 +100,7 @@ def dots(rows: int, cols: int):
     """(row_dot, rows_dot, block_dot) of these formats with _jit_qdot's signatures and meaning, for its ROWS
     weight rows and COLS (4) activation rows per call."""
     assert cols == 4, "the IQ4_XS form takes four activation rows"
-    walk_1x1, walk_rows, walk_block = _walk(1, 1), _walk(rows, 1), _walk(rows, cols)
+    walk_1x1, walk_rows, walk_block = (_walk(r, c, _chunks(r, c)) for r, c in ((1, 1), (rows, 1), (rows, cols)))
 
     @njit(**_OPTS)
     def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
@@ -120,3 +128,20 @@ def dots(rows: int, cols: int):
         else:
             walk_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
     return row_dot, rows_dot, block_dot
+
+
+@njit(inline="always", **_OPTS)
+def _iq4_xs_one(a, o, xq, xc, xb, xd, xi, nk):
+    return xd[xi // 256] * V.half_at(a, o) * np.float32(_XS_1(a, o, xq, xc, xi, nk))
+
+
+def runs(rows: int) -> dict:
+    """{ggml type id: _jit_qwalk.row_run of it} for these formats, ``rows`` weight rows a pass (the grouping of
+    dots' rows_dot and row_dot, with their arithmetic)."""
+    out = {IQ4_XS: row_run(superblock_rows(_iq4_xs_one, rows, _IQ4_XS_BYTES, AHEAD),
+                           superblock_rows(_iq4_xs_one, 1, _IQ4_XS_BYTES, AHEAD), rows)}
+    for fmt, i in ((IQ4_NL, 0), (MXFP4, 2)):
+        walks = (block_walk(r, 1, chunk_pick(*_chunks(r, 1)[i:i + 2]), _block_tail, _block_bytes, inline=True,
+                            ahead=AHEAD) for r in (rows, 1))
+        out[fmt] = row_run(*walks, rows)
+    return out
