@@ -18,7 +18,7 @@ class OptionalBuildExt(build_ext):
     failed: set[str] = set()
 
     def build_extension(self, ext):
-        if "-g" not in ext.extra_compile_args:  # a sanitized build asks for its debug info itself
+        if "-g1" not in ext.extra_compile_args:  # a sanitized build asks for its line tables itself
             # Python's CFLAGS ask for -g: debug info makes a quarter of csimd's compile time (13 of 46 s of CPU)
             # and no error report reads it
             ext.extra_compile_args = [*ext.extra_compile_args, "-g0"]
