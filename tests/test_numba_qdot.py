@@ -2,9 +2,9 @@
 quantizer against prism_core.quant.quantize_activations byte for byte (ggml's x86 Q8_0 rounding,
 the reference Q8_K, their edge cases), the products against float64 on gguf-dequantized weights
 and the activations so quantized (odd block counts, row groups with tails, several tasks, batch
-broadcast, a permuted b, serial and thread-pool compilations), non-finite activations, and the
-portable vector code (a generic CPU) and every lower vector ISA this CPU runs (PRISM_NUMBA_ISA:
-AVX-VNNI, AVX2) against the best one's code, bit for bit; the setting's refusals."""
+broadcast, a permuted b, serial and thread-pool compilations), non-finite activations, every lower
+vector ISA this CPU runs (PRISM_NUMBA_ISA: AVX-VNNI, AVX2) against the best one's code, bit for bit,
+a generic CPU's float path and fp16 conversions; the setting's refusals."""
 
 from __future__ import annotations
 
@@ -219,6 +219,7 @@ from prism_numba._jit_qdot import q_mul_mat_int
 # compiled without parallel (its prange loops as range): the same quantize_row and _task code, the same bits per
 # row; the thread pool's lowering would add a third of the compile's CPU and no vector code to compare
 q_mul_mat_int = _serial_dispatcher(q_mul_mat_int)
+products = json.loads(sys.argv[3])  # False: the fp16 conversions only (a CPU without an integer path)
 
 @njit
 def halves(raw, out):
@@ -231,8 +232,8 @@ def rounded(x, out):
         out[i] = V.f16_round(x[i])
 
 cases = json.loads(sys.argv[1])
-res = {"mode": V.MODE, "f16c": V.F16C, "out": []}
-for fmt, k, m, seed in cases:
+res = {"mode": V.MODE, "f16c": V.F16C, "int_path": V.INT_PATH, "out": []}
+for fmt, k, m, seed in cases if products else ():
     a = np.load(sys.argv[2] + f"/a{fmt}_{k}.npy")
     b = np.random.default_rng(seed).standard_normal((1, 1, 6, k)).astype(np.float32)
     o = np.empty((1, 1, 6, m), np.float32)
@@ -262,11 +263,12 @@ def _round_cases(rng: np.random.Generator) -> np.ndarray:
     return np.concatenate([x, -x])
 
 
-def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
+def _variant(tmp_path, env_extra: dict, products: bool = True) -> tuple[dict, list, np.ndarray]:
     """Compile q_mul_mat_int afresh (its serial form: the vector code compared is the same) in a subprocess with
-    env_extra (its own cache) and run it on the integer-path formats; (its results, the cases, the fp16 rounding
-    inputs). Every format, although one compilation serves them all (fmt is a run-time argument): each format's
-    walk is vector code of its own, and running it costs little beside the compile."""
+    env_extra (its own cache) and run it on the integer-path formats (unless not ``products``: then only the
+    fp16 conversions are compiled and run); (its results, the cases, the fp16 rounding inputs). Every format,
+    although one compilation serves them all (fmt is a run-time argument): each format's walk is vector code of
+    its own, and running it costs little beside the compile."""
     rng = np.random.default_rng(3)
     cases = []
     for t, k in ((GT.Q4_0, 352), (GT.Q5_0, 288), (GT.Q8_0, 96), (GT.Q4_K, 512), (GT.Q6_K, 256), (GT.Q4_1, 352),
@@ -283,7 +285,7 @@ def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "backends"), os.path.join(here, ".."),
                                          env.get("PYTHONPATH", "")])
-    run = [sys.executable, "-c", _GENERIC_RUN, json.dumps(cases), str(tmp_path)]
+    run = [sys.executable, "-c", _GENERIC_RUN, json.dumps(cases), str(tmp_path), json.dumps(products)]
     proc = subprocess.run(run, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1]), cases, x
@@ -291,8 +293,7 @@ def _variant(tmp_path, env_extra: dict) -> tuple[dict, list, np.ndarray]:
 
 def _same_products(tmp_path, cases, variant) -> None:
     """The variant's products equal this process's (the best vector ISA here) bit for bit: six activation
-    rows, four of them through the four-row form where the variant has it (the portable code leaves it
-    out and computes every row alone: the same bits)."""
+    rows, four of them through the four-row form."""
     from prism_numba._jit_qdot import q_mul_mat_int
     for (fmt, k, m, seed), bits in zip(cases, variant["out"]):
         b = np.random.default_rng(seed).standard_normal((1, 1, 6, k)).astype(np.float32)
@@ -302,13 +303,12 @@ def _same_products(tmp_path, cases, variant) -> None:
 
 
 @pytest.mark.slow
-def test_generic_vector_code_equals_best(nb, tmp_path):
-    """The portable code (NUMBA_CPU_NAME=generic: plain vector IR for the lane sums, integer fp16
-    conversions; compiled afresh in a subprocess) gives the same bits as this host's code: the same
-    exact integers and float32 operations; its fp16 conversions equal NumPy's on every fp16 and on
-    the rounding edges."""
-    generic, cases, x = _variant(tmp_path, {"NUMBA_CPU_NAME": "generic"})
-    assert generic["mode"] == "portable" and generic["f16c"] is False
+def test_generic_cpu_takes_the_float_path_with_exact_fp16_conversions(nb, tmp_path):
+    """For a generic CPU (NUMBA_CPU_NAME=generic: no AVX2, no F16C; compiled afresh in a subprocess) there is
+    no integer path (the float path runs: its products are the conformance suite's), and the fp16 conversions,
+    integer code there, equal NumPy's on every fp16 and on the rounding edges."""
+    generic, cases, x = _variant(tmp_path, {"NUMBA_CPU_NAME": "generic"}, products=False)
+    assert generic["mode"] == "portable" and generic["f16c"] is False and generic["int_path"] is False
     with np.errstate(over="ignore"):
         want_round = x.astype(np.float16).astype(np.float32)
     assert np.array_equal(np.array(generic["rounded"], np.uint32), want_round.view(np.uint32))
@@ -317,7 +317,6 @@ def test_generic_vector_code_equals_best(nb, tmp_path):
     nan = np.isnan(want_halves)
     assert np.array_equal(np.isnan(got_halves), nan)
     assert np.array_equal(got_halves[~nan].view(np.uint32), want_halves[~nan].view(np.uint32))
-    _same_products(tmp_path, cases, generic)
 
 
 # An AVX2 CPU as LLVM sees one (Haswell's features named, so numba compiles nothing wider than ymm),

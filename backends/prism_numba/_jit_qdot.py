@@ -353,8 +353,8 @@ _RUNS.update(QT.runs(ROWS))
 row_run_of = by_format(_RUNS)
 
 
-# The portable vector code is never taken (kernels_quant.int_path), only compiled by the tests to check its
-# bits; without block_dot (a constant numba prunes) that compilation takes minutes less.
+# Without an integer path (portable) this kernel is never compiled (kernels_quant.int_path) and has no vector
+# code to compile (_qvec._dpbusd refuses).
 MULTI_ROW = V.INT_PATH
 ROWS_PER_TASK = 128
 Q_BLOCK = 64  # activation rows served per pass over a task's weight rows (with them, in L2)

@@ -15,10 +15,11 @@ Weights become unsigned bytes (Q4: the nibble 0..15; Q5: 0..31; Q6_K: 0..63; Q8_
 activations)``, precomputed once per activation row (``xc``). Which instructions compute it is
 :mod:`.isa`'s choice: AVX-512 VNNI's ``vpdpbusd`` on 512 bits, AVX-VNNI's on two 256-bit halves,
 AVX2's ``vpmaddubsw`` (pairs of products in int16) then ``vpmaddwd`` by ones (pairs of those in
-int32, the same four-product lanes), or plain vector IR that every LLVM target lowers ("portable").
-All are exact: the products fit in int32, and AVX2's int16 pairs do not saturate (at most
-2 * 63 * 128 for the 6-bit values), except Q8_0's int8 + 128, so on AVX2 Q8_0 takes ggml's sign
-trick instead (``|w|`` times the activation with w's sign, no offset: ``Q8_0_BIAS`` is 0 there).
+int32, the same four-product lanes). Elsewhere ("portable") there is no integer path: the float path
+runs, and only the fp16 conversions here serve it. All are exact: the products fit in int32, and AVX2's
+int16 pairs do not saturate (at most 2 * 63 * 128 for the 6-bit values), except Q8_0's int8 + 128,
+so on AVX2 Q8_0 takes ggml's sign trick instead (``|w|`` times the activation with w's sign, no offset:
+``Q8_0_BIAS`` is 0 there).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def host_has_f16c() -> bool:
     return bool(isa.target_features().get("f16c", False))
 
 
-#: the integer path's vector ISA (isa.MODES); "portable" code exists for tests, the path is not taken
+#: the integer path's vector ISA (isa.MODES); "portable": no integer path (the float path runs)
 MODE = isa.chosen()
 INT_PATH = MODE != "portable"
 F16C = host_has_f16c()
@@ -118,9 +119,9 @@ def _dpbusd(b: ir.IRBuilder, acc, u, s) -> ir.Value:
         lanes = [_x86(b, "llvm.x86.avx2.pmadd.wd", v8, _x86(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), x, y), ones)
                  for x, y in zip(_halves(b, u), _halves(b, s))]
         return b.add(acc, _concat(b, *lanes))
-    p = b.mul(b.zext(u, vec(I32, 64)), b.sext(s, vec(I32, 64)))
-    parts = [_shuffle(b, p, p, range(j, 64, 4)) for j in range(4)]
-    return b.add(acc, b.add(b.add(parts[0], parts[1]), b.add(parts[2], parts[3])))
+    # portable code here would only ever run in its own tests (a generic CPU takes the float path), at the cost
+    # of compiling the whole kernel for it
+    raise NotImplementedError(f"numba's integer path has no {MODE!r} vector code: the float path runs there")
 
 
 def _sign_trick(b: ir.IRBuilder, w, x) -> tuple:

@@ -46,7 +46,7 @@ from ._qvec import (
 
 #: the signed code books (ggml-common.h), as ints
 CODE_BOOKS = {"IQ4_NL": [int(v) for v in KVALUES_IQ4NL], "MXFP4": [int(v) for v in KVALUES_MXFP4]}
-#: AVX2 takes IQ4_NL's signed weights by the sign trick (module docstring); VNNI and the portable code the bias
+#: AVX2 takes IQ4_NL's signed weights by the sign trick (module docstring); VNNI the bias
 SIGNED = V.MODE == "avx2"
 #: what each code book's values are raised by to make unsigned bytes (subtracted back through the activations)
 BIAS = {"IQ4_NL": 0 if SIGNED else 128, "MXFP4": 12}
@@ -54,14 +54,6 @@ BIAS = {"IQ4_NL": 0 if SIGNED else 128, "MXFP4": 12}
 
 def _lookup(b: ir.IRBuilder, idx, book: list[int]) -> ir.Value:
     """The code-book bytes at the indices idx (32 bytes, each 0..15)."""
-    n = idx.type.count
-    table = ir.Constant(vec(I8, 16), [v & 0xFF for v in book])
-    if V.MODE == "portable":  # no byte shuffle in plain IR: one element at a time
-        out = ir.Constant(vec(I8, n), [0] * n)
-        for i in range(n):
-            e = b.extract_element(table, b.extract_element(idx, ir.Constant(I32, i)))
-            out = b.insert_element(out, e, ir.Constant(I32, i))
-        return out
     t32 = ir.Constant(vec(I8, 32), [v & 0xFF for v in book] * 2)  # vpshufb looks up within each 128-bit lane
     return _x86(b, "llvm.x86.avx2.pshuf.b", vec(I8, 32), t32, idx)
 
