@@ -18,20 +18,23 @@ QATTR static inline int32x4_t FN(neon_dp16)(int8x16_t w, int8x16_t a) {
 #endif
 }
 
-/* out[r] = w[r] . a without the offsets, R (1..4) decoded weight rows against one activation row */
+/* out[r] = w[r] . a without the offsets, R (1..4) decoded weight rows against one activation row: per group
+   of 16 the exact integer sum, times the group's weight scale times its activation scale, added in K order
+   into one float per row (fused). These are the float steps of each result of neon_q_dot_mm's smmla tiles,
+   so a row gets the same bits alone, paired with another activation row or not (batch invariance). */
 QATTR static void FN(neon_q_dot)(const q_wrow *w, int R, const q_arow *a, int64_t kp, float *out) {
-    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    float acc[4] = {0, 0, 0, 0};
     for (int64_t k = 0; k < kp; k += 16) {
         const int8x16_t av = vld1q_s8(a->q + k);
-        const float32x4_t as = vld1q_f32(a->ls + k / 4);
+        const float as = a->ls[k / 4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
             if (r >= R) break;
-            const int32x4_t s = FN(neon_dp16)(vld1q_s8(w[r].q + k), av);
-            acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(s), vmulq_f32(vld1q_f32(w[r].ls + k / 4), as));
+            const int32_t s = vaddvq_s32(FN(neon_dp16)(vld1q_s8(w[r].q + k), av));
+            acc[r] = fmaf((float)s, w[r].ls[k / 4] * as, acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = vaddvq_f32(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 #if CSIMD_ARM_Q >= 3
