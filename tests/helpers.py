@@ -85,6 +85,21 @@ def reads_block_types(case) -> bool:
     return any(t is not None and t.traits.is_quantized for t in (out, *out.src))
 
 
+def one_per_op_and_family(cases: list) -> list:
+    """Each op's first case and its first case on a block (quantized) type, where it has one: about one
+    signature per kernel, the subset the tests that send every node to numba's thread pool share (what one
+    of them compiles from a cold cache, the next loads from the on-disk cache)."""
+    from prism_core.conformance.cases import Case
+    seen: set = set()
+    out = []
+    for c in cases:
+        family = (c.key, isinstance(c, Case) and reads_block_types(c))
+        if family not in seen:
+            seen.add(family)
+            out.append(c)
+    return out
+
+
 def write_plugin(root, module: str, source: str, *, entry: str | None = None, dist: str | None = None) -> None:
     """Install plugin module ``module`` (``source``) into folder ``root`` as distribution ``dist``
     (METADATA and entry_points.txt declaring it under ``prism.backends`` as ``entry``), the way

@@ -226,10 +226,13 @@ def _sanitizer_clean(r: subprocess.CompletedProcess) -> None:
 
 
 def test_sanitized_quantized_kernels_on_every_path(arm64_sanitized):
-    """tests/test_csimd_quant.py under ASan + UBSan on scalar, neon, dotprod and i8mm (-cpu max). The
-    sanitizer sees the C code: a read past a buffer in any path's kernel is reported (checked: a
-    dequantize of 64 values from a 16-byte buffer is caught in the i8mm copy)."""
-    r = _qemu(arm64_sanitized, "max", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_csimd_quant.py"])
+    """tests/test_csimd_quant.py under ASan + UBSan on neon, dotprod and i8mm (-cpu max). The sanitizer
+    sees the C code: a read past a buffer in any path's kernel is reported (checked: a dequantize of 64 values
+    from a 16-byte buffer is caught in the i8mm copy). The scalar path's cases are left out: its C source is
+    x86's scalar copy, which tests/test_csimd_backend.py's sanitized run covers (a quarter of this run's
+    emulated time)."""
+    r = _qemu(arm64_sanitized, "max", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_csimd_quant.py",
+                                       "-k", "not scalar-"])
     _sanitizer_clean(r)
     assert " passed" in r.stdout and " failed" not in r.stdout, (r.stdout + r.stderr)[-4000:]
 

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import reads_block_types
+from helpers import one_per_op_and_family
 
 import prism_core as pc
-from prism_core.conformance.cases import Case, all_cases, case_id
+from prism_core.conformance.cases import all_cases, case_id
 from prism_core.conformance.gradcheck import grad_cases
 from prism_core.settings import requested_threads
 
@@ -93,18 +93,6 @@ print("\\n".join(r.describe() for r in results if r.status == FAIL))
 """
 
 
-def _one_per_op_and_family(cases: list) -> list[str]:
-    """The ids of each op's first case and its first case on a block (quantized) type, where it has one."""
-    seen: set = set()
-    ids = []
-    for c in cases:
-        family = (c.key, isinstance(c, Case) and reads_block_types(c))
-        if family not in seen:
-            seen.add(family)
-            ids.append(case_id(c))
-    return ids
-
-
 @pytest.mark.parametrize("mode", ["forward", "grad"])
 @pytest.mark.slow
 def test_every_node_parallel_at_two_threads(mode):
@@ -116,7 +104,7 @@ def test_every_node_parallel_at_two_threads(mode):
     cases reach (f16, bf16, i32, permuted and row-gapped layouts: 92 s on 2 quiet cores in CI, the most of any
     numba test); this subset compiles about one per kernel (57 from a cold cache)."""
     cases = all_cases() if mode == "forward" else grad_cases()
-    ids = _one_per_op_and_family(cases)
+    ids = [case_id(c) for c in one_per_op_and_family(cases)]
     r = subprocess.run([sys.executable, "-c", _THREADED_RUN, mode, *ids], capture_output=True, text=True, timeout=900,
                        env=_env(PRISM_NUM_THREADS="2", PRISM_NUMBA_SERIAL_WORK="0"))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]

@@ -9,6 +9,7 @@ import functools
 
 import numpy as np
 import pytest
+from helpers import one_per_op_and_family
 
 import prism_core as pc
 from prism_core.conformance.cases import all_cases
@@ -34,25 +35,15 @@ def _perturb(ctx: pc.Context) -> None:
             t.set(v.reshape(-1)[::-1].reshape(v.shape))
 
 
-def _cases(per_op: int | None = None):
-    """The forward conformance cases (the first ``per_op`` of each op when given)."""
-    seen: dict[str, int] = {}
-    out = []
-    for c in all_cases():
-        if per_op is None or seen.get(c.key, 0) < per_op:
-            out.append(c)
-        seen[c.key] = seen.get(c.key, 0) + 1
-    return out
-
-
-# Every case with small nodes on the serial compilations; with every node sent to the thread
-# pool, the first cases of each op (the recorded arguments are the same, only the entry points differ).
-@pytest.mark.parametrize("serial_work,per_op", [("65536", None), ("0", 3)],
+# Every case with small nodes on the serial compilations; with every node sent to the thread pool, each op's
+# first case and its first on a block type (the recorded arguments are the same, only the entry points differ):
+# the parallel compilations tests/test_numba_backend.py's two-thread run makes, loaded from the on-disk cache.
+@pytest.mark.parametrize("serial_work,subset", [("65536", False), ("0", True)],
                          ids=["small nodes serial", "every node parallel"])
-def test_prepared_calls_follow_new_input_values(serial_work, per_op, monkeypatch):
+def test_prepared_calls_follow_new_input_values(serial_work, subset, monkeypatch):
     monkeypatch.setenv("PRISM_NUMBA_SERIAL_WORK", serial_work)
     be = pc.backend("numba")
-    cases = _cases(per_op)
+    cases = one_per_op_and_family(all_cases()) if subset else all_cases()
     failures, prepared = [], 0
     for case in cases:
         ctx = pc.Context()

@@ -293,8 +293,11 @@ def _variant(tmp_path, env_extra: dict, products: bool = True) -> tuple[dict, li
 
 def _same_products(tmp_path, cases, variant) -> None:
     """The variant's products equal this process's (the best vector ISA here) bit for bit: six activation
-    rows, four of them through the four-row form."""
-    from prism_numba._jit_qdot import q_mul_mat_int
+    rows, four of them through the four-row form. Through the backend's own kernel (its serial compilation,
+    arrays typed as the backend types them), so that this process loads what the numba tests compiled into
+    the shared cache instead of compiling the kernel once more for C-contiguous arrays."""
+    from prism_numba.kernels import _jit
+    q_mul_mat_int = _jit().KERNELS["q_mul_mat_int"].serial()
     for (fmt, k, m, seed), bits in zip(cases, variant["out"]):
         b = np.random.default_rng(seed).standard_normal((1, 1, 6, k)).astype(np.float32)
         o = np.empty((1, 1, 6, m), np.float32)
