@@ -6,41 +6,18 @@ the first to ask builds it into a folder all workers of the run share, the other
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import sys
 import venv
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import once_per_run
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "csrc" / "build_csimd.py"
-
-
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder of this test run that every worker sees (xdist gives each worker a base temp beside the others')."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def _once(tmp_path_factory: pytest.TempPathFactory, name: str,
-          make: Callable[[Path], tuple[str, str]]) -> tuple[str, str]:
-    """``make(folder)`` run once in this run, in a folder every worker shares: (what it returned: a path, or "" when
-    it failed; its log). A second worker waits on a lock for the first one's result."""
-    root = run_dir(tmp_path_factory) / name
-    root.mkdir(exist_ok=True)
-    done, log = root / "built", root / "stderr.txt"
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            result, text = make(root)
-            log.write_text(text)
-            done.write_text(result)
-    return done.read_text(), log.read_text()
 
 
 def build_once(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> tuple[Path | None, str]:
@@ -51,7 +28,7 @@ def build_once(tmp_path_factory: pytest.TempPathFactory, *flags: str) -> tuple[P
         r = subprocess.run([sys.executable, str(BUILD_SCRIPT), *flags, "--out", str(root / "out")],
                            cwd=Path(__file__).parent, capture_output=True, text=True, timeout=1800)
         return (r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""), r.stderr
-    lib, stderr = _once(tmp_path_factory, "csimd" + "".join(flags).replace("--", "-"), build)
+    lib, stderr = once_per_run(tmp_path_factory, "csimd" + "".join(flags).replace("--", "-"), build)
     return (Path(lib) if lib else None), stderr
 
 
@@ -73,7 +50,7 @@ def serial_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path | None,
         r = subprocess.run([str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--find-links",
                             str(root / "dist"), "prism-tensor"], capture_output=True, text=True, timeout=1800)
         return ("" if r.returncode else str(root)), log + r.stdout[-4000:] + r.stderr[-4000:]
-    folder, log = _once(tmp_path_factory, "serial-wheel", build)
+    folder, log = once_per_run(tmp_path_factory, "serial-wheel", build)
     return (Path(folder) if folder else None), log
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,7 +107,6 @@ def write_plugin(root, module: str, source: str, *, entry: str | None = None, di
     """Install plugin module ``module`` (``source``) into folder ``root`` as distribution ``dist``
     (METADATA and entry_points.txt declaring it under ``prism.backends`` as ``entry``), the way
     a third-party backend is installed: with ``root`` on ``sys.path``, importlib.metadata finds it."""
-    from pathlib import Path
     root = Path(root)
     dist = dist or f"{module.replace('_', '-')}-plugin"
     (root / f"{module}.py").write_text(source)
@@ -119,3 +121,25 @@ def default_sigint() -> None:
     inherit SIGINT ignored (as a shell's background jobs have it), or Python never sees the signal."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this test run that every worker sees (xdist gives each worker a base temp beside the others')."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 make: Callable[[Path], tuple[str, str]]) -> tuple[str, str]:
+    """``make(folder)`` run once in this run, in a folder every worker shares: (what it returned, a string such as
+    a path, or "" when it failed; its log). A second worker waits on a lock for the first one's result."""
+    root = run_dir(tmp_path_factory) / name
+    root.mkdir(exist_ok=True)
+    done, log = root / "built", root / "stderr.txt"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            result, text = make(root)
+            log.write_text(text)
+            done.write_text(result)
+    return done.read_text(), log.read_text()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import once_per_run
 from test_models import reference_logits
 
 import prism_core as pc
@@ -26,8 +28,7 @@ def path() -> str:
     return str(gemma.assemble())
 
 
-@functools.cache
-def float64_greedy() -> tuple[np.ndarray, list[int]]:
+def _float64_greedy() -> tuple[np.ndarray, list[int]]:
     """The float64 forward's last-position logits for the prompt and its first greedy tokens."""
     f = pc.gguf.load(path())
     meta = {k: f.meta[k] for k in f.meta if not k.startswith("tokenizer.")}
@@ -38,6 +39,18 @@ def float64_greedy() -> tuple[np.ndarray, list[int]]:
         first = z if first is None else first
         seq.append(int(np.argmax(z)))
     return first, seq[len(LLAMA_CPP_IDS):]
+
+
+@pytest.fixture(scope="session")
+def float64_greedy(tmp_path_factory) -> tuple[np.ndarray, list[int]]:
+    """_float64_greedy() computed once in the run (13 s of CPU), whichever pytest-xdist worker asks first."""
+    def compute(folder: Path) -> tuple[str, str]:
+        logits, ids = _float64_greedy()
+        np.savez(folder / "greedy.npz", logits=logits, ids=np.array(ids))
+        return str(folder / "greedy.npz"), ""
+    saved, _ = once_per_run(tmp_path_factory, "gemma3-float64-greedy", compute)
+    with np.load(saved) as z:
+        return z["logits"], z["ids"].tolist()
 
 
 def test_prompt_tokenises_as_llama_cpp():
@@ -51,10 +64,10 @@ def test_prompt_tokenises_as_llama_cpp():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["numpy", "numba", "csimd"])
-def test_greedy_continuation_matches_the_float64_forward(backend):
+def test_greedy_continuation_matches_the_float64_forward(backend, float64_greedy):
     if backend not in {b.name for b in pc.backends() if b.available}:
         pytest.skip(f"{backend} is not available here")
-    want_logits, want_ids = float64_greedy()
+    want_logits, want_ids = float64_greedy
     model = load(path(), backend=backend, n_ctx=64, cache_type="f32")
     z = model.logits(LLAMA_CPP_IDS)[-1]
     assert int(np.argmax(z)) == int(np.argmax(want_logits)) == 506  # "▁the", as llama.cpp
@@ -72,13 +85,13 @@ def test_greedy_continuation_matches_the_float64_forward(backend):
     assert got == want_ids
 
 
-def test_prism_run_cli_streams_and_reports(capsys):
+def test_prism_run_cli_streams_and_reports(capsys, float64_greedy):
     from prism_core.cli import main
     best = pc.backend().name
     assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", str(N_GREEDY), "--temp", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["prompt_ids"] == LLAMA_CPP_IDS and out["backend"] == best
-    assert out["ids"] == float64_greedy()[1] and out["text"].startswith(" the")
+    assert out["ids"] == float64_greedy[1] and out["text"].startswith(" the")
     assert out["prompt_tok_s"] > 0 and out["decode_tokens"] == N_GREEDY - 1 and out["peak_rss_mb"] > 0
     assert out["threads"] == pc.backend().threads
     assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--temp", "0", "--seed", "1"]) == 0
@@ -104,7 +117,7 @@ def test_prism_run_refusals(capsys):
         assert bad[1] in capsys.readouterr().err
 
 
-def test_prism_run_threads(capsys, monkeypatch):
+def test_prism_run_threads(capsys, monkeypatch, float64_greedy):
     from prism_core.cli import main
     monkeypatch.setenv("PRISM_NUM_THREADS", "2")  # the CLI sets it for its process: put back afterwards
     for backend in ("numba", "csimd"):
@@ -113,7 +126,7 @@ def test_prism_run_threads(capsys, monkeypatch):
         assert main(["run", "gemma3-270m", "-p", PROMPT, "-n", "2", "--temp", "0", "-t", "1", "--json",
                      "--backend", backend]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out["threads"] == 1 and out["ids"] == float64_greedy()[1][:2]
+        assert out["threads"] == 1 and out["ids"] == float64_greedy[1][:2]
 
 
 @pytest.mark.slow
