@@ -357,8 +357,8 @@ QATTR static inline __m128i FN(q_hsum4_epi32)(__m256i a, __m256i b, __m256i c, _
 
 /* The float part of a Q6_K row's dot, four super-blocks at a time: lane q of acc takes super-block 4i + q's
    exact integer sum s4 times its d_w * d_a (hh: the four fp16 d_w, dy: the four d_a; zeros past the row's
-   end); the row's result is the lane sum at the end. Wherever a (weight row, activation row) pair is computed
-   (q_gemv_q6k_rows, the batched kernel), these operations in this order. */
+   end); the row's result is the lane sum at the end (q_hsum128). Wherever a (weight row, activation row) pair
+   is computed (q_gemv_q6k_rows, the batched kernel), these operations in this order. */
 QATTR static inline __m128 FN(q_k16_fold4)(__m128i s4, uint64_t hh, __m128 dy, __m128 acc) {
     const __m128 d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)hh)), dy);
     return _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc);

@@ -82,60 +82,56 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const ui
 }
 
 /* Q6_K: q_gemv_q6k_rows' operations for one weight row against N activation rows (each vector made once, as
-   above): each pair's super-block sums made exact integers (four activation rows' reduced together), kept for
-   four super-blocks, then folded into the pair's accumulator as there */
+   above): four activation rows' exact super-block sums reduced together (lane r: row 4g + r), multiplied and
+   added into the accumulator of super-block slot ib % 4 (there lane ib % 4 of a row's accumulator), the four
+   slots summed at the end in q_hsum128's order */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
-    __m128 acc[Q2B_ROWS];
-    for (int j = 0; j < N; j++) acc[j] = _mm_setzero_ps();
-    for (int64_t i0 = 0; i0 < nsb; i0 += 4) {
-        const int n = nsb - i0 < 4 ? (int)(nsb - i0) : 4;
-        int32_t sums[Q2B_ROWS][4] __attribute__((aligned(16))) = {{0}}; /* [activation row][super-block] */
-        uint64_t hh = 0;
-        for (int q = 0; q < n; q++) {
-            const int64_t ib = i0 + q;
-            const uint8_t *b = w + 210 * ib;
-            if (pf)
-                for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
-            uint16_t h;
-            memcpy(&h, b + 208, 2);
-            hh |= (uint64_t)h << (16 * q);
-            const __m256i scv = FN(q_k16_scv)(Q_Q6_K, b);
-            __m256i sumi[Q2B_ROWS];
+    __m128 acc[Q2B_ROWS / 4][4];
+    for (int g = 0; g < Q2B_ROWS / 4; g++)
+        for (int q = 0; q < 4; q++) acc[g][q] = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < nsb; ib++) {
+        const uint8_t *b = w + 210 * ib;
+        if (pf)
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T1);
+        const __m256i scv = FN(q_k16_scv)(Q_Q6_K, b);
+        __m256i sumi[Q2B_ROWS];
 #pragma GCC unroll 8
-            for (int j = 0; j < Q2B_ROWS; j++) {
-                if (j >= N) break;
-                sumi[j] = FN(q_k_offset_start)(scv, a[j]->isum + 16 * ib, Q_K16_SHIFT(Q_Q6_K));
-            }
-            for (int hf = 0; hf < 2; hf++) {
-                const __m256i sc = Q_K16_HALF(scv, hf);
-                Q_K16_LOADS(Q_Q6_K, b, hf, x0, x1, x2);
-                for (int i = 0; i < 4; i++) {
-                    const __m256i u = FN(q_k16_u)(Q_Q6_K, x0, x1, x2, hf, i), sv = Q_K16_S(sc, i);
+        for (int j = 0; j < Q2B_ROWS; j++) {
+            if (j >= N) break;
+            sumi[j] = FN(q_k_offset_start)(scv, a[j]->isum + 16 * ib, Q_K16_SHIFT(Q_Q6_K));
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i sc = Q_K16_HALF(scv, h);
+            Q_K16_LOADS(Q_Q6_K, b, h, x0, x1, x2);
+            for (int i = 0; i < 4; i++) {
+                const __m256i u = FN(q_k16_u)(Q_Q6_K, x0, x1, x2, h, i), sv = Q_K16_S(sc, i);
 #pragma GCC unroll 8
-                    for (int j = 0; j < Q2B_ROWS; j++) {
-                        if (j >= N) break;
-                        const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a[j]->q + 256 * ib + 128 * hf + 32 * i)));
-                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, sv));
-                    }
+                for (int j = 0; j < Q2B_ROWS; j++) {
+                    if (j >= N) break;
+                    const __m256i p = _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a[j]->q + 256 * ib + 128 * h + 32 * i)));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, sv));
                 }
             }
-#pragma GCC unroll 2
-            for (int g = 0; g < Q2B_ROWS / 4; g++) { /* lane r: activation row 4g + r's exact sum */
-                if (4 * g >= N) break;
-                const __m256i z = _mm256_setzero_si256();
-                int32_t s4[4];
-                _mm_storeu_si128((__m128i *)s4, FN(q_hsum4_epi32)(sumi[4 * g], 4 * g + 1 < N ? sumi[4 * g + 1] : z,
-                                                                   4 * g + 2 < N ? sumi[4 * g + 2] : z,
-                                                                   4 * g + 3 < N ? sumi[4 * g + 3] : z));
-                for (int r = 0; r < 4 && 4 * g + r < N; r++) sums[4 * g + r][q] = s4[r];
-            }
         }
-        for (int j = 0; j < N; j++)
-            acc[j] = FN(q_k16_fold4)(_mm_load_si128((const __m128i *)sums[j]), hh, FN(q_k16_dy4)(a[j], i0, n), acc[j]);
+        const __m128 dw = _mm_set1_ps(FN(q_h2f)(b + 208));
+#pragma GCC unroll 2
+        for (int g = 0; g < Q2B_ROWS / 4; g++) {
+            if (4 * g >= N) break;
+            float dy[4];
+            for (int i = 0; i < 4; i++) {
+                dy[i] = 4 * g + i < N ? a[4 * g + i]->ls[64 * ib] : 0.0f;
+                if (4 * g + i >= N) sumi[4 * g + i] = _mm256_setzero_si256();
+            }
+            const __m128i s4 = FN(q_hsum4_epi32)(sumi[4 * g], sumi[4 * g + 1], sumi[4 * g + 2], sumi[4 * g + 3]);
+            acc[g][ib & 3] = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), _mm_mul_ps(dw, _mm_loadu_ps(dy)), acc[g][ib & 3]);
+        }
     }
-    for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum128)(acc[j]);
+    float o[Q2B_ROWS];
+    for (int g = 0; g < Q2B_ROWS / 4; g++)
+        _mm_storeu_ps(o + 4 * g, _mm_add_ps(_mm_add_ps(acc[g][0], acc[g][2]), _mm_add_ps(acc[g][1], acc[g][3])));
+    for (int j = 0; j < N; j++) out[j][col] = o[j];
 }
 
 /* the N-row kernels with N a constant, so their row loops unroll and the accumulators stay in registers */
