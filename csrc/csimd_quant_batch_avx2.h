@@ -84,7 +84,9 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const ui
 /* Q6_K: q_gemv_q6k_rows' operations for one weight row against N activation rows (each vector made once, as
    above): four activation rows' exact super-block sums reduced together (lane r: row 4g + r), multiplied and
    added into the accumulator of super-block slot ib % 4 (there lane ib % 4 of a row's accumulator), the four
-   slots summed at the end in q_hsum128's order */
+   slots summed at the end as q_hsum128 sums its lanes, (s0 + s2) + (s1 + s3). The slots rotate through four
+   registers (the current one first), so that slot q sits at (q - nsb) mod 4 at the end: the pairs of the sum
+   are then (r0 + r2) and (r1 + r3), whatever nsb (float addition commutes). */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
@@ -125,7 +127,11 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const ui
                 if (4 * g + i >= N) sumi[4 * g + i] = _mm256_setzero_si256();
             }
             const __m128i s4 = FN(q_hsum4_epi32)(sumi[4 * g], sumi[4 * g + 1], sumi[4 * g + 2], sumi[4 * g + 3]);
-            acc[g][ib & 3] = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), _mm_mul_ps(dw, _mm_loadu_ps(dy)), acc[g][ib & 3]);
+            const __m128 cur = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), _mm_mul_ps(dw, _mm_loadu_ps(dy)), acc[g][0]);
+            acc[g][0] = acc[g][1];
+            acc[g][1] = acc[g][2];
+            acc[g][2] = acc[g][3];
+            acc[g][3] = cur;
         }
     }
     float o[Q2B_ROWS];
