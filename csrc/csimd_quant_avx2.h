@@ -140,7 +140,8 @@ QATTR static inline __attribute__((always_inline)) void FN(q_gemv_b32_r)(const i
 /* ------------------------------------------------------------ super-blocks of 256 (Q8_K activations)
    As ggml's x86 kernels, a super-block's sub-block scales stay in integers: maddubs of unsigned (or, IQ4_XS,
    sign-trick) weights and the activations gives int16 pairs, madd by the sub-block scales broadcast from a
-   register (pshufb) sums them to int32, and one float multiply-add per super-block applies d_w * d_a. The mins
+   register (pshufb) sums them to int32, and one float multiply-add per super-block (Q6_K: per four, lane by
+   lane) applies d_w * d_a. The mins
    of Q2_K/Q4_K/Q5_K pair with the activation's integer group sums (isum), as ggml's bsums. One row at a time:
    its blocks are one forward stream for the hardware prefetcher. */
 
@@ -303,8 +304,8 @@ QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot)(const i
 }
 
 /* Q_PF_T0: a K-quant row kernel's prefetch, pf bytes ahead (the rows a few passes on), of the bb bytes of its
-   super-block at b: to L1, each line of the stream once (measured on Zen 4, Q6_K 1 x 2048 x 32768 from
-   memory: 0.93x ggml against 0.6x without, 0.7x with the prefetches to L2; 1 x 2048 x 2048 unchanged) */
+   super-block at b, to L1 (measured on Zen 4, a C loop against ggml's vec_dot, Q6_K 1 x 2048 x 32768 from
+   memory: 0.93x ggml against 0.6x without, 0.7x with the prefetches to L2; 1 x 2048 x 2048 about 1% slower) */
 #define Q_PF_T0(b, bb, pf)                                                                                      \
     if (pf)                                                                                                     \
         for (int l_ = 0; l_ < (bb); l_ += 64) _mm_prefetch((const char *)(b) + (pf) + l_, _MM_HINT_T0)
@@ -312,7 +313,8 @@ QATTR static inline __attribute__((always_inline)) __m256i FN(q_k16_dot)(const i
 /* Q2_K: 2-bit unsigned values, per group of 16 a 4-bit scale and a 4-bit min (value = d*sc*q - dmin*m); the
    groups of 32 values (128h + 32j + l: bits 2j of qs[32h + l]) are 8h + 2j (low lane) and 8h + 2j + 1. Every
    product is taken 16 times (exact in integers; the power of two leaves the float operations' bits as they
-   would be without it, and the result is divided by 16 at the end): each field is masked in place (q, 4q,
+   would be without it, short of overflow or subnormals, and the result is divided by 16 at the end): each
+   field is masked in place (q, 4q,
    16q; the top one shifted once to 16q) and multiplied by 16, 4 or 1 times its scale, picked by pshufb
    straight from the scale bytes, the mins 16 times from the high nibbles in place. The maddubs pairs stay
    below 2 * 48 * 128 and the madd sums below 2^20. */
