@@ -81,14 +81,18 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q4k_row)(const ui
     for (int j = 0; j < N; j++) out[j][col] = FN(q_hsum256)(acc[j]) - FN(q_hsum128)(accm[j]);
 }
 
-/* Q6_K: q_gemv_k16_r's operations for one weight row against N activation rows (each vector made once, as
-   above), four activation rows' integer sums reduced together (lane j of the four, as lane r of the weight
-   rows there) */
+/* Q6_K: q_gemv_q6k_rows' operations for one weight row against N activation rows (each vector made once, as
+   above): four activation rows' exact super-block sums reduced together (lane r: row 4g + r), multiplied and
+   added into the accumulator of super-block slot ib % 4 (there lane ib % 4 of a row's accumulator), the four
+   slots summed at the end as q_hsum128 sums its lanes, (s0 + s2) + (s1 + s3). The slots rotate through four
+   registers (the current one first), so that slot q sits at (q - nsb) mod 4 at the end: the pairs of the sum
+   are then (r0 + r2) and (r1 + r3), whatever nsb (float addition commutes). */
 QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const uint8_t *w, int64_t nsb,
                                                                        const q_arow *const *a, const int N,
                                                                        float *const *out, int64_t col, int64_t pf) {
-    __m128 acc[Q2B_ROWS / 4];
-    for (int g = 0; g < Q2B_ROWS / 4; g++) acc[g] = _mm_setzero_ps();
+    __m128 acc[Q2B_ROWS / 4][4];
+    for (int g = 0; g < Q2B_ROWS / 4; g++)
+        for (int q = 0; q < 4; q++) acc[g][q] = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nsb; ib++) {
         const uint8_t *b = w + 210 * ib;
         if (pf)
@@ -98,8 +102,7 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const ui
 #pragma GCC unroll 8
         for (int j = 0; j < Q2B_ROWS; j++) {
             if (j >= N) break;
-            const __m256i t0 = _mm256_madd_epi16(scv, _mm256_loadu_si256((const __m256i *)(a[j]->isum + 16 * ib)));
-            sumi[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t0, Q_K16_SHIFT(Q_Q6_K)));
+            sumi[j] = FN(q_k_offset_start)(scv, a[j]->isum + 16 * ib, Q_K16_SHIFT(Q_Q6_K));
         }
         for (int h = 0; h < 2; h++) {
             const __m256i sc = Q_K16_HALF(scv, h);
@@ -123,13 +126,17 @@ QATTR static inline __attribute__((always_inline)) void FN(q2b_q6k_row)(const ui
                 dy[i] = 4 * g + i < N ? a[4 * g + i]->ls[64 * ib] : 0.0f;
                 if (4 * g + i >= N) sumi[4 * g + i] = _mm256_setzero_si256();
             }
-            const __m128 d = _mm_mul_ps(dw, _mm_loadu_ps(dy));
             const __m128i s4 = FN(q_hsum4_epi32)(sumi[4 * g], sumi[4 * g + 1], sumi[4 * g + 2], sumi[4 * g + 3]);
-            acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d, acc[g]);
+            const __m128 cur = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), _mm_mul_ps(dw, _mm_loadu_ps(dy)), acc[g][0]);
+            acc[g][0] = acc[g][1];
+            acc[g][1] = acc[g][2];
+            acc[g][2] = acc[g][3];
+            acc[g][3] = cur;
         }
     }
     float o[Q2B_ROWS];
-    for (int g = 0; g < Q2B_ROWS / 4; g++) _mm_storeu_ps(o + 4 * g, acc[g]);
+    for (int g = 0; g < Q2B_ROWS / 4; g++)
+        _mm_storeu_ps(o + 4 * g, _mm_add_ps(_mm_add_ps(acc[g][0], acc[g][2]), _mm_add_ps(acc[g][1], acc[g][3])));
     for (int j = 0; j < N; j++) out[j][col] = o[j];
 }
 

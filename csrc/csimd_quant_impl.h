@@ -1207,7 +1207,7 @@ QATTR static int FN(q_gemv_k)(int t, const uint8_t *const *wr, int R, int64_t K,
 #endif
 
 #if ISA_LEVEL == 1
-#include "csimd_quant_avx2.h" /* every format of the list, 32-blocks and Q6_K 4 rows a pass, other K-quants row by row */
+#include "csimd_quant_avx2.h" /* every format of the list, 32-blocks 4 rows a pass, the K-quants row by row */
 #endif
 
 QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_t K, const q_arow *a, float *out) {

@@ -815,11 +815,12 @@ def test_fused_rows_do_not_depend_on_the_rows_beside_them(cs, isa, t):
 def test_batched_rows_bit_for_bit_as_alone_every_path(cs, isa, t, nth):
     """The same on every ISA path and thread count, straight through the C entry point, for the shapes the
     batched and fused kernels cut differently: K of 5 groups of 128 (Gemma 3's 640), K = 64 and 32 (mod 128) for
-    the 32-value formats, 4 super-blocks for the K-quants; 1 to 16 rows (passes of 8 and a remainder), 4-row
-    passes of weight rows and a remainder; rows of zeros and of one huge value beside ordinary ones."""
+    the 32-value formats, 4 and 5 super-blocks for the K-quants (AVX2's Q6_K folds four at a time, the fifth
+    alone); 1 to 16 rows (passes of 8 and a remainder), 4-row passes of weight rows and a remainder; rows of
+    zeros and of one huge value beside ordinary ones."""
     rng = np.random.default_rng(int(t) + 11 * nth)
     be, _ = _block(t)
-    for K in ((640, 576, 544) if be == 32 else (1024,)):
+    for K in ((640, 576, 544) if be == 32 else (1024, 1280)):
         M = 23
         w = random_blocks(t, M * K // be, rng)
         x = rng.standard_normal((16, K)).astype(np.float32)
