@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import once_per_run
 
 REPO = Path(__file__).resolve().parents[1]
 ARM64_ROOT = Path(os.environ.get("PRISM_ARM64_ROOT", "/work/cache/arm64-root"))
@@ -103,12 +104,20 @@ def _need_tools() -> None:
         pytest.skip(reason)
 
 
+def _built_once(tmp_path_factory, sanitize: bool) -> Path:
+    """_cross_build once in the run: this file's tests may land on several pytest-xdist workers."""
+    def make(folder: Path) -> tuple[str, str]:
+        return str(_cross_build(folder, sanitize)), ""
+    lib, _ = once_per_run(tmp_path_factory, "arm64-asan" if sanitize else "arm64", make)
+    return Path(lib)
+
+
 @pytest.fixture(scope="module")
 def arm64(tmp_path_factory):
     """The cross-built extension and the site folder beside it: (python, library, site, preload)."""
     _need_tools()
     out = tmp_path_factory.mktemp("arm64")
-    return _tree_python(), _cross_build(out, sanitize=False), _site(out), ""
+    return _tree_python(), _built_once(tmp_path_factory, sanitize=False), _site(out), ""
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +131,7 @@ def arm64_sanitized(tmp_path_factory):
             pytest.skip(f"{CROSS_CC} has no {name} (Debian: libasan8-arm64-cross, libubsan1-arm64-cross)")
         preload.append(os.path.realpath(path))
     out = tmp_path_factory.mktemp("arm64-asan")
-    return _tree_python(), _cross_build(out, sanitize=True), _site(out), ":".join(preload)
+    return _tree_python(), _built_once(tmp_path_factory, sanitize=True), _site(out), ":".join(preload)
 
 
 def _qemu(arm64, cpu: str, args: list[str], isa: str | None = None) -> subprocess.CompletedProcess:
