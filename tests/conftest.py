@@ -49,6 +49,7 @@ def ordered(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
     return out + rest
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a pytest without xdist (the arm64 tree's) runs too
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per CPU this process may use, and one more where there are several. A dozen tests
     wait on a child (a plugin probe's or a hung worker's time limit, a server's stream): about a minute in all
