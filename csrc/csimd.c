@@ -1,24 +1,15 @@
-/* prism csimd: the kernels compiled once per path (x86-64: scalar, AVX2+FMA+F16C, AVX-VNNI, AVX-512;
-   arm64: portable, NEON, dotprod, i8mm, csimd_neon_paths.h) and chosen at run time from the CPU's features; no -march flag is needed to build. */
+/* prism csimd: the entry points of csimd.h (argument checks, then the kernels of the path chosen at run
+   time from the CPU's features), CPU detection, and what every copy of the kernel template shares. The
+   copies are compiled one per translation unit (csimd_path_*.c: x86-64: scalar, AVX2+FMA+F16C, AVX-VNNI,
+   AVX-512; arm64: portable, NEON, dotprod, i8mm) and reached through their tables (csimd_kernels.h); no
+   -march flag is needed to build. */
 #include "csimd_common.h"
+#include "csimd_quant.h"   /* block formats, the quantizers of csimd_quant_api.h */
 #include "csimd_scratch.h" /* per-thread scratch kept between calls */
 #include <float.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#define CSIMD_X86 1
-#include <immintrin.h>
-#else
-#define CSIMD_X86 0
-#endif
-#if defined(__aarch64__)
-#define CSIMD_ARM64 1
-#else
-#define CSIMD_ARM64 0
-#endif
-#define CSIMD_ARM_Q 0 /* the NEON level of the template copy being compiled (csimd_neon.h); 0 off arm64 */
 
 /* bytes of this machine's data cache at `level` (1, 2, 3), for the GEMM's blocking: Linux's sysfs
    (what lscpu shows; a VM's sysconf may report the host's L3), then sysconf, then a typical size */
@@ -52,7 +43,7 @@ static int64_t cache_bytes_probe(int level) {
     return level == 1 ? 32768 : level == 2 ? 524288 : 8388608;
 }
 
-static int64_t csimd_cache_bytes(int level) {
+int64_t csimd_cache_bytes(int level) {
     static int64_t sizes[4]; /* probed once; a racing first call stores the same values */
     int64_t v = __atomic_load_n(&sizes[level], __ATOMIC_RELAXED);
     if (v == 0) {
@@ -62,42 +53,11 @@ static int64_t csimd_cache_bytes(int level) {
     return v;
 }
 
-/* portable path: 16-byte GCC vectors (SSE2 on x86-64, NEON elsewhere, or scalar code) */
-#define SFX scalar
-#define ATTR
-#define ISA_LEVEL 0
-#include "csimd_impl.h"
-
-#if CSIMD_X86
-#define CSIMD_AVXVNNI 0
-#define SFX avx2
-#define ATTR __attribute__((target("avx2,fma,f16c")))
-#define ISA_LEVEL 1
-#include "csimd_impl.h"
-
-/* AVX2 with AVX-VNNI (vpdpbusd on ymm, VEX): only its quantized kernels are called (q_dp4 differs),
-   every other kernel of the copy is the AVX2 one and never referenced */
-#undef CSIMD_AVXVNNI
-#define CSIMD_AVXVNNI 1
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#define SFX avxvnni
-#define ATTR __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define ISA_LEVEL 1
-#include "csimd_impl.h"
-#pragma GCC diagnostic pop
-#undef CSIMD_AVXVNNI
-#define CSIMD_AVXVNNI 0
-
-#define SFX avx512
-#define ATTR __attribute__((target("avx512f,avx2,fma,f16c")))
-#define ISA_LEVEL 2
-#include "csimd_impl.h"
-#endif
-
 #if CSIMD_ARM64
-#include "csimd_neon_paths.h" /* the neon, dotprod and i8mm copies of the template */
+#include "csimd_neon_paths.h" /* which NEON paths the CPU runs */
 #endif
+
+const float *csimd_gelu_f16 = NULL, *csimd_gelu_quick_f16 = NULL;
 
 static int g_isa = -1;
 
@@ -201,34 +161,24 @@ int csimd_max_threads(void) {
 
 #include "csimd_threads.h" /* clamp_threads: the thread count under CPU contention */
 
+/* the float kernels of the active path: AVX-VNNI runs the AVX2 ones, every NEON level the neon ones (their
+   quantized kernels differ: csimd_quant_api.h) */
+static const csimd_kernels *kernels(void) {
+    switch (csimd_get_isa()) {
 #if CSIMD_X86
-#define CALL(fn, ...)                                                      \
-    switch (csimd_get_isa()) {                                             \
-    case CSIMD_ISA_AVX512: fn##_avx512(__VA_ARGS__); break;                \
-    case CSIMD_ISA_AVX2:                                                   \
-    case CSIMD_ISA_AVXVNNI: fn##_avx2(__VA_ARGS__); break;                 \
-    default: fn##_scalar(__VA_ARGS__); break;                              \
-    }
-#define CALL_RC(rc, fn, ...)                                               \
-    switch (csimd_get_isa()) {                                             \
-    case CSIMD_ISA_AVX512: rc = fn##_avx512(__VA_ARGS__); break;           \
-    case CSIMD_ISA_AVX2:                                                   \
-    case CSIMD_ISA_AVXVNNI: rc = fn##_avx2(__VA_ARGS__); break;            \
-    default: rc = fn##_scalar(__VA_ARGS__); break;                         \
-    }
-#elif CSIMD_ARM64 /* every NEON path runs the neon copy's kernels but the quantized ones (QCALL) */
-#define CALL(fn, ...)                                                      \
-    switch (csimd_get_isa()) {                                             \
-    case CSIMD_ISA_NEON:                                                   \
-    case CSIMD_ISA_DOTPROD:                                                \
-    case CSIMD_ISA_I8MM: fn##_neon(__VA_ARGS__); break;                    \
-    default: fn##_scalar(__VA_ARGS__); break;                              \
-    }
-#define CALL_RC(rc, fn, ...) CALL(rc = fn, __VA_ARGS__)
-#else
-#define CALL(fn, ...) fn##_scalar(__VA_ARGS__);
-#define CALL_RC(rc, fn, ...) rc = fn##_scalar(__VA_ARGS__);
+    case CSIMD_ISA_AVX512: return &csimd_kernels_avx512;
+    case CSIMD_ISA_AVX2:
+    case CSIMD_ISA_AVXVNNI: return &csimd_kernels_avx2;
+#elif CSIMD_ARM64
+    case CSIMD_ISA_NEON:
+    case CSIMD_ISA_DOTPROD:
+    case CSIMD_ISA_I8MM: return &csimd_kernels_neon;
 #endif
+    default: return &csimd_kernels_scalar;
+    }
+}
+#define CALL(fn, ...) kernels()->fn(__VA_ARGS__);
+#define CALL_RC(rc, fn, ...) rc = kernels()->fn(__VA_ARGS__);
 
 int csimd_binary(int op, const csimd_tensor *a, const csimd_tensor *b, const csimd_tensor *d, int nth) {
     if (op < 0 || op > 4 || !nonneg(a) || !nonneg(b) || !nonneg(d) || !same_ne(a, d) || !tiles(a, b)) return -1;

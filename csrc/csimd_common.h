@@ -1,14 +1,28 @@
 /* Shared helpers of the csimd kernels: type conversions and indexing. Plain C. */
 #ifndef PRISM_CSIMD_COMMON_H
 #define PRISM_CSIMD_COMMON_H
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "csimd.h"
+#include "csimd_kernels.h" /* what csimd.c and the copies of the template share */
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CSIMD_X86 1
+#include <immintrin.h>
+#else
+#define CSIMD_X86 0
+#endif
+#if defined(__aarch64__)
+#define CSIMD_ARM64 1
+#else
+#define CSIMD_ARM64 0
 #endif
 
 #define ELT(t, i0, i1, i2, i3) \
@@ -46,9 +60,7 @@ static inline uint16_t f32_to_f16_sw(float ff) {
     return (uint16_t)(o | (sign >> 16));
 }
 
-/* csimd_set_gelu_tables(): ggml's CPU reads the tanh and quick GELU of an F32 value from tables over
-   its F16 rounding; these point to the core's tables (prism_core.gelu_tables), NULL until set */
-static const float *csimd_gelu_f16 = NULL, *csimd_gelu_quick_f16 = NULL;
+/* csimd_gelu_f16 (csimd_kernels.h): */
 #define CSIMD_GELU_CLAMP 10.0f /* the tanh GELU's table covers -10 < x < 10: below 0, above x itself */
 
 static inline float f16_to_f32_sw(uint16_t h) {

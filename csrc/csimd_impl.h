@@ -1,8 +1,16 @@
-/* Kernel template, included once per ISA by csimd.c with
-   SFX (name suffix), ATTR (function attributes), ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512),
-   CSIMD_ARM_Q (arm64: 0 portable, 1 neon, 2 dotprod, 3 i8mm; csimd_neon.h, csimd_neon_quant.h); it
-   undefines SFX, ATTR and ISA_LEVEL at its end. Plain C with GCC vector extensions;
-   the target attribute lets the compiler use the ISA's registers for these functions only. */
+/* Kernel template, included once by each csimd_path_<SFX>.c (one translation unit per ISA path) with
+   SFX (name suffix), ATTR (function attributes), ISA_LEVEL (0 scalar, 1 avx2+fma+f16c, 2 avx512) and, where
+   they apply, CSIMD_ARM_Q (arm64: 0 portable, 1 neon, 2 dotprod, 3 i8mm; csimd_neon.h, csimd_neon_quant.h),
+   CSIMD_AVXVNNI (1: the AVX-VNNI copy) and CSIMD_QUANT_ONLY (the copy exports its quantized kernels only).
+   Plain C with GCC vector extensions; the target attribute lets the compiler use the ISA's registers for
+   these functions only. The kernels are static; the copy exports them through its tables (end of file). */
+#include "csimd_common.h"
+#ifndef CSIMD_ARM_Q
+#define CSIMD_ARM_Q 0
+#endif
+#ifndef CSIMD_AVXVNNI
+#define CSIMD_AVXVNNI 0
+#endif
 /* VB (vector bytes) and the GEMM micro-tile MR x NR follow from the level: the tile fills about half
    the vector registers (16 on AVX2, 32 on AVX-512 and NEON: 4x16 keeps the portable 4-row packing of b) */
 #if ISA_LEVEL == 2
@@ -1607,18 +1615,22 @@ ATTR static void FN(group_norm)(int64_t n_groups, float eps, const csimd_tensor 
 #include "csimd_rope.h" /* ROPE, ROPE_BACK, UPSCALE, IM2COL_BACK */
 #include "csimd_pool.h" /* POOL_1D, POOL_2D, IM2COL */
 #include "csimd_quant_impl.h" /* quantized block formats: decoders, integer dot products, mul_mat */
-#undef NV
-#undef KC
-#undef NCB
-#undef MCB
-#undef FN
-#undef VF
-#undef VFU
-#undef VI
-#undef VL
-#undef SFX
-#undef ATTR
-#undef VB
-#undef MR
-#undef NR
-#undef ISA_LEVEL
+
+/* ------------------------------------------------------------ the copy's entry points (csimd_kernels.h) */
+#if !defined(CSIMD_QUANT_ONLY)
+CSIMD_HIDDEN const csimd_kernels FN(csimd_kernels) = {
+    .binary = FN(binary), .unary = FN(unary), .mul_mat = FN(mul_mat), .soft_max = FN(soft_max), .norm = FN(norm),
+    .cpy = FN(cpy), .get_rows = FN(get_rows), .cross_entropy = FN(cross_entropy), .opt_step = FN(opt_step),
+    .repeat = FN(repeat), .reduce = FN(reduce), .repeat_back = FN(repeat_back), .rows_back = FN(rows_back),
+    .diag_mask = FN(diag_mask), .get_rows_back = FN(get_rows_back), .out_prod = FN(out_prod), .glu = FN(glu),
+    .index_map = FN(index_map), .arange = FN(arange), .argmax = FN(argmax), .xielu = FN(xielu),
+    .timestep_embedding = FN(timestep_embedding), .group_norm = FN(group_norm), .row_from_f32 = FN(row_from_f32),
+    .pool = FN(pool), .im2col = FN(im2col), .flash_attn = FN(flash_attn), .conv_2d = FN(conv_2d),
+    .conv_transpose_1d = FN(conv_transpose_1d), .rope = FN(rope), .upscale = FN(upscale),
+    .im2col_back = FN(im2col_back),
+};
+#endif
+CSIMD_HIDDEN const csimd_qkernels FN(csimd_qkernels) = {
+    .q_dequant = FN(q_dequant), .q_mul_mat = FN(q_mul_mat), .q_mul_mat_id = FN(q_mul_mat_id),
+    .q_vec_dot = FN(q_vec_dot),
+};

@@ -11,22 +11,23 @@ static int q_isa(void) {
     return isa;
 }
 
+/* the quantized kernels of the active path */
+static const csimd_qkernels *qkernels(void) {
+    switch (q_isa()) {
 #if CSIMD_X86
-#define QCALL_RC(rc, fn, ...) QCALL(rc = fn, __VA_ARGS__)
-#define QCALL(fn, ...)                                                     \
-    switch (q_isa()) {                                                     \
-    case CSIMD_ISA_AVX512: fn##_avx512(__VA_ARGS__); break;                \
-    case CSIMD_ISA_AVXVNNI: fn##_avxvnni(__VA_ARGS__); break;              \
-    case CSIMD_ISA_AVX2: fn##_avx2(__VA_ARGS__); break;                    \
-    default: fn##_scalar(__VA_ARGS__); break;                              \
-    }
+    case CSIMD_ISA_AVX512: return &csimd_qkernels_avx512;
+    case CSIMD_ISA_AVXVNNI: return &csimd_qkernels_avxvnni;
+    case CSIMD_ISA_AVX2: return &csimd_qkernels_avx2;
 #elif CSIMD_ARM64
-#define QCALL_RC(rc, fn, ...) QCALL(rc = fn, __VA_ARGS__)
-#define QCALL(fn, ...) ARM_QCALL(fn, __VA_ARGS__) /* csimd_neon_paths.h */
-#else
-#define QCALL_RC(rc, fn, ...) rc = fn##_scalar(__VA_ARGS__);
-#define QCALL(fn, ...) fn##_scalar(__VA_ARGS__);
+    case CSIMD_ISA_I8MM: return &csimd_qkernels_i8mm;
+    case CSIMD_ISA_DOTPROD: return &csimd_qkernels_dotprod;
+    case CSIMD_ISA_NEON: return &csimd_qkernels_neon;
 #endif
+    default: return &csimd_qkernels_scalar;
+    }
+}
+#define QCALL(fn, ...) qkernels()->fn(__VA_ARGS__);
+#define QCALL_RC(rc, fn, ...) rc = qkernels()->fn(__VA_ARGS__);
 
 int csimd_q_isa(void) { return q_isa(); }
 

@@ -10,7 +10,10 @@
    the scale part and the offset then see the same rounded activations, whose errors partly cancel
    (scale*q and the offset of Q4_K, say, are both larger than their sum). Weight rows are
    decoded once per tile of activation rows (QM_NC rows) and reused for all of them. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function" /* csimd.c's quantizers: a copy of the template uses a few */
 #include "csimd_quant.h"
+#pragma GCC diagnostic pop
 
 /* the AVX-512 copy needs BW and VNNI besides F (csimd_quant_api.h runs it only where the CPU has them) */
 #if ISA_LEVEL == 2
@@ -1232,6 +1235,8 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #define QM_DIRECT 16
 #endif
 
+#define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
+
 #if ISA_LEVEL == 2
 #include "csimd_quant_batch.h" /* batched decoding: several activation rows per pass over each weight row */
 #elif ISA_LEVEL == 1
@@ -1239,8 +1244,6 @@ QATTR static int FN(q_dot_direct)(int t, const uint8_t *const *wr, int R, int64_
 #endif
 
 /* ------------------------------------------------------------ mul_mat, mul_mat_id */
-#define QM_NC 64 /* activation rows per tile: each weight row is decoded once per tile */
-
 /* every row of b ([K, ne1, ne2, ne3] F32, any strides) quantized to `at` and decoded, row r = (n, i2, i3)
    in order, into acts (q_arow_bytes(kp) each); 0 or -2 (out of memory) */
 /* scratch of one thread of q_quant_acts: a gathered row (strided b) and the row's blocks (the scalar quantizers) */

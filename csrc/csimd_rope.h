@@ -5,18 +5,7 @@
 #ifndef CSIMD_ROPE_ONCE
 #define CSIMD_ROPE_ONCE
 
-/* The per-pair tables of one ROPE call (built by csimd_rope in csimd.c, O(n_pairs)):
-   inverse frequency, position stream (0..3; 0 for the single-stream modes), freq factor (or
-   none) and YaRN ramp mix; plus what the per-position cache needs. */
-typedef struct {
-    int mode;             /* RopeMode: 0 NORMAL, 2 NEOX, 8 MROPE, 24 VISION, 40 IMROPE */
-    int streams;          /* positions per token: 1, or 4 for the multi-section modes */
-    int64_t n_pairs;      /* rotated pairs per row */
-    int64_t n_offs;       /* first rotated element */
-    double freq_scale, ext_factor, mscale, sign;
-    double *inv_freq, *ffac, *mix; /* ffac NULL without freq factors */
-    int *which;
-} csimd_rope_tab;
+/* csimd_rope_tab, the per-pair tables of one ROPE call: csimd_kernels.h */
 
 /* UPSCALE's source coordinate along one dim, in float32 as the reference: sf = ne_out / ne_in
    (or (ne_out-1)/(ne_in-1) with align_corners) */

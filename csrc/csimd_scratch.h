@@ -10,8 +10,6 @@
 
 #include <pthread.h>
 
-enum { SCRATCH_FLASH_ATTN, SCRATCH_SLOTS };
-
 typedef struct {
     void *p[SCRATCH_SLOTS];
     size_t cap[SCRATCH_SLOTS];
@@ -31,7 +29,7 @@ static void scratch_init(void) { g_scratch_ok = pthread_key_create(&g_scratch_ke
 
 /* the calling thread's block of `slot`: at least `bytes`, 64-byte aligned; zero where it was never written
    since it was allocated; NULL when out of memory */
-static void *csimd_scratch(int slot, size_t bytes) {
+CSIMD_HIDDEN void *csimd_scratch(int slot, size_t bytes) {
     pthread_once(&g_scratch_once, scratch_init);
     if (!g_scratch_ok) return NULL;
     scratch_set *s = (scratch_set *)pthread_getspecific(g_scratch_key);

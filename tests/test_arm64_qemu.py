@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,10 +79,21 @@ def _cross_build(out: Path, sanitize: bool) -> Path:
     kw = ffi._assigned_source[3]  # set_source's keywords (cffi keeps them here)
     lib = out / f"_csimd.cpython-{version.replace('.', '')}-aarch64-linux-gnu.so"
     include = ARM64_ROOT / "usr" / "include"
-    cmd = [CROSS_CC, "-shared", "-fPIC", *kw["extra_compile_args"], *[f"-I{d}" for d in kw["include_dirs"]],
-           f"-I{include / f'python{version}'}", f"-I{include}", "-o", str(lib), str(glue), *kw["sources"],
-           *kw["extra_link_args"], *[f"-l{n}" for n in kw["libraries"]]]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    cflags = ["-fPIC", *kw["extra_compile_args"], *[f"-I{d}" for d in kw["include_dirs"]],
+              f"-I{include / f'python{version}'}", f"-I{include}"]
+    sources = [glue, *map(Path, kw["sources"])]
+    objects = [out / f"{src.stem}.o" for src in sources]
+
+    def compile_one(src: Path, obj: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([CROSS_CC, *cflags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True,
+                              timeout=900)
+
+    # one compiler per translation unit, as many at a time as the build's own (MAX_JOBS or the CPUs)
+    with ThreadPoolExecutor(max_workers=build_csimd.build_jobs()) as pool:
+        for r in pool.map(compile_one, sources, objects):
+            assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([CROSS_CC, "-shared", "-o", str(lib), *map(str, objects), *kw["extra_link_args"],
+                        *[f"-l{n}" for n in kw["libraries"]]], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     return lib
 
