@@ -354,7 +354,9 @@ def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
             base = (i3 * n2 + i2) * nn
             for q0 in range(0, nn, Q_BLOCK):
                 q1 = min(nn, q0 + Q_BLOCK)
-                for m in range(m0, m_blocks, ROWS):  # the blocks, weight rows kept in cache across them
+                # the blocks, a pass of ROWS weight rows over the activation rows (none with fewer than COLS
+                # of them: no pass, nor its prefetching)
+                for m in range(m0, m_blocks if q1 - q0 >= COLS else m0, ROWS):
                     wo = w0 + m * ws
                     if q0 == 0:
                         for p in range(wo + PREFETCH, wo + PREFETCH + ROWS * ws, 64):
