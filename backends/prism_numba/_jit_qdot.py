@@ -216,36 +216,24 @@ _Q5_K, _Q5_KB = V.q4_k_superblocks(1, "Q5_K"), V.q4_k_superblocks(COLS, "Q5_K")
 _Q6_K, _Q6_KB = V.q6_k_superblocks(1), V.q6_k_superblocks(COLS)
 _Q2_K, _Q2_KB = low_k_superblocks("Q2_K", 1), low_k_superblocks("Q2_K", COLS)
 _Q3_K, _Q3_KB = low_k_superblocks("Q3_K", 1), low_k_superblocks("Q3_K", COLS)
-_C11, _C41, _C44 = _legacy_chunks(1, 1), _legacy_chunks(ROWS, 1), _legacy_chunks(ROWS, COLS)
-_walk_1x1, _walk_rows, _walk_block = (_legacy_walk(r, c, ch) for r, c, ch in ((1, 1, _C11), (ROWS, 1, _C41),
-                                                                            (ROWS, COLS, _C44)))
+_C41, _C44 = _legacy_chunks(ROWS, 1), _legacy_chunks(ROWS, COLS)
+_walk_block = _legacy_walk(ROWS, COLS, _C44)
 
 
-# Every product below, whichever function computes it (one weight row by one activation row, ROWS by
-# one, ROWS by COLS), is the same sequence of float32 operations: per chunk of blocks the vector code's
-# value (the same for any rows and cols, _qvec), added to the row's sum in block order; so a product
-# does not depend on the batch of activation rows it is computed in (tests/test_numba_batch_invariance.py).
+# Every product below, whichever function computes it (ROWS weight rows by COLS activation rows here, ROWS or
+# one weight row by one activation row in a run further on), is the same sequence of float32 operations: per
+# chunk of blocks the vector code's value (the same for any rows and cols, _qvec), added to the row's sum in
+# block order; so a product does not depend on the batch of activation rows it is computed in
+# (tests/test_numba_batch_invariance.py).
 @njit(**_OPTS)
-def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
-    """acc[0:cols] = the products of the K-quant weight row at byte w of a with the cols (1 or COLS)
-    activation rows at xo + c * nk, super-block by super-block, each weight super-block unpacked once."""
+def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, acc):
+    """acc[0:COLS] = the products of the K-quant weight row at byte w of a with the COLS activation rows at
+    xo + c * nk, super-block by super-block, each weight super-block unpacked once."""
     bs = _block_bytes(fmt)
     s0 = s1 = s2 = s3 = np.float32(0.0)
     for ib in range(nk // 256):
         o = w + ib * bs
         xi = xo + 256 * ib
-        if cols == 1:
-            if fmt == Q4_K:
-                s0 += _Q4_K(a, o, xq, xb, xd, xi, nk)
-            elif fmt == Q5_K:
-                s0 += _Q5_K(a, o, xq, xb, xd, xi, nk)
-            elif fmt == Q2_K:
-                s0 += _Q2_K(a, o, xq, xc, xb, xd, xi, nk)
-            elif fmt == Q3_K:
-                s0 += _Q3_K(a, o, xq, xc, xb, xd, xi, nk)
-            else:
-                s0 += xd[xi // 256] * V.half_at(a, o + 208) * np.float32(_Q6_K(a, o, xq, xc, xi, nk))
-            continue
         if fmt == Q4_K:
             t0, t1, t2, t3 = _Q4_KB(a, o, xq, xb, xd, xi, nk)
         elif fmt == Q5_K:
@@ -265,50 +253,22 @@ def _k_quant_dots(fmt, a, w, xq, xc, xd, xb, xo, nk, cols, acc):
         s1 += t1
         s2 += t2
         s3 += t3
-    acc[0] = s0
-    if cols > 1:
-        acc[1], acc[2], acc[3] = s1, s2, s3
+    acc[0], acc[1], acc[2], acc[3] = s0, s1, s2, s3
 
 
-_table_row, _table_rows, _table_block = QT.dots(ROWS, COLS)
-
-
-@njit(**_OPTS)
-def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
-    """The dot product of the weight row at byte wo of a (uint8 blocks) with the activations at xo
-    (acc: scratch of ROWS * COLS float32)."""
-    if QT.is_table(fmt):
-        return _table_row(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc)
-    if _k_quant(fmt):
-        _k_quant_dots(fmt, a, wo, xq, xc, xd, xb, xo, nk, 1, acc)
-    else:
-        _walk_1x1(fmt, a, wo, 0, xq, xc, xd, xb, xo, nk, acc)
-    return acc[0]
-
-
-@njit(**_OPTS)
-def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
-    """acc[0:ROWS] = row_dot of the ROWS weight rows at bytes wo + i * ws of a; the 32-value formats share
-    each activation load among the rows."""
-    if QT.is_table(fmt):
-        _table_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
-    elif _k_quant(fmt):
-        for r in range(ROWS - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
-            acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
-    else:
-        _walk_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
+_table_block = QT.block_dot(ROWS, COLS)
 
 
 @njit(**_OPTS)
 def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
     """The ROWS x COLS products of the weight rows at bytes wo + r * ws of a with the activation rows at
     xo + c * nk, into acc[r * COLS + c]: each weight block is unpacked once for the COLS activation rows,
-    the arithmetic of each product that of row_dot."""
+    the arithmetic of each product that of a run of one activation row (row_run_of)."""
     if QT.is_table(fmt):
         _table_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
     elif _k_quant(fmt):
         for r in range(ROWS - 1, -1, -1):  # the last row first: acc[r * COLS:] is written after acc[0:4] is read
-            _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, COLS, acc)
+            _k_quant_dots(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
             for c in range(COLS):
                 acc[r * COLS + c] = acc[c]
     else:
@@ -317,7 +277,7 @@ def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
 
 # ------------------------------------------------------------------ one activation row
 # A run (_jit_qwalk.row_run) computes one activation row's products with all of a task's weight rows in one call,
-# the format's walk inlined: the same arithmetic per product as rows_dot and row_dot.
+# the format's walk inlined: the same arithmetic per product as block_dot.
 @njit(inline="always", **_OPTS)
 def _q4_k_one(a, o, xq, xc, xb, xd, xi, nk):
     return _Q4_K(a, o, xq, xb, xd, xi, nk)
@@ -334,14 +294,12 @@ def _q6_k_one(a, o, xq, xc, xb, xd, xi, nk):
 
 
 def _k_quant_run(fmt: int, one):
-    bs = traits(GGMLType(fmt)).type_size
-    return row_run(superblock_rows(one, ROWS, bs, AHEAD), superblock_rows(one, 1, bs, AHEAD), ROWS)
+    return row_run(superblock_rows(one, ROWS, traits(GGMLType(fmt)).type_size, AHEAD), ROWS)
 
 
 def _legacy_run(fmt: int):
-    walks = (block_walk(rows, 1, chunk_pick(*chunks[fmt]), _legacy_tail, _block_bytes, inline=True, ahead=AHEAD)
-             for rows, chunks in ((ROWS, _C41), (1, _C11)))
-    return row_run(*walks, ROWS)
+    return row_run(block_walk(ROWS, 1, chunk_pick(*_C41[fmt]), _legacy_tail, _block_bytes, inline=True,
+                              ahead=AHEAD), ROWS)
 
 
 _RUNS = {fmt: _legacy_run(fmt) for _, fmt in _LEGACY}
@@ -355,7 +313,6 @@ row_run_of = by_format(_RUNS)
 
 # Without an integer path (portable) this kernel is never compiled (kernels_quant.int_path) and has no vector
 # code to compile (_qvec._dpbusd refuses).
-MULTI_ROW = V.INT_PATH
 ROWS_PER_TASK = 128
 Q_BLOCK = 64  # activation rows served per pass over a task's weight rows (with them, in L2)
 PREFETCH = 4096  # bytes: weights are prefetched this far ahead of the rows being read
@@ -377,15 +334,19 @@ def _float_rows(fmt, a, k3, k2, m, g, y, orow):
 
 @njit(**_OPTS)
 def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
-    """Weight rows m0..m_end of matrix a[k3, k2] against every b row broadcast onto it: ROWS weight
-    rows by COLS activation rows at a time where both are whole (block_dot), else ROWS or one weight
-    row by one activation row, every product with the same arithmetic (a function of its own: the
-    serial and the thread-pool compilations of the kernel then run the same code)."""
+    """Weight rows m0..m_end of matrix a[k3, k2] against every b row broadcast onto it: ROWS weight rows by
+    COLS activation rows at a time where both are whole (block_dot), every other product by a run of its
+    activation row over the rows (row_run_of: ROWS rows, then one, at a time), every product with the same
+    arithmetic (a function of its own: the serial and the thread-pool compilations of the kernel then run the
+    same code). Activation rows are taken into blocks of COLS in order, a row holding a NaN or an infinity
+    breaking a block (the same blocks for every pass of ROWS weight rows)."""
     n2, nn = o.shape[1], o.shape[2]
     nk = b.shape[3]
     r3 = o.shape[0] // a.shape[0]
     r2 = n2 // a.shape[1]
     ws = a.strides[2]
+    w0 = k3 * a.strides[0] + k2 * a.strides[1]
+    m_blocks = m0 + (m_end - m0) // ROWS * ROWS  # rows m_blocks..m_end have no whole pass of ROWS
     acc = np.empty(ROWS * COLS, np.float32)
     for i3 in range(k3 * r3, (k3 + 1) * r3):
         for i2 in range(k2 * r2, (k2 + 1) * r2):
@@ -393,46 +354,46 @@ def _task(fmt, a, b, o, k3, k2, m0, m_end, xq, xc, xd, xb, finite):
             base = (i3 * n2 + i2) * nn
             for q0 in range(0, nn, Q_BLOCK):
                 q1 = min(nn, q0 + Q_BLOCK)
-                if MULTI_ROW:
-                    if q1 - q0 < COLS:  # no ROWS x COLS blocks: each activation row runs over the rows at once
-                        for q in range(q0, q1):
-                            t = base + q
-                            if finite[t]:
-                                row_run_of(fmt, a, k3 * a.strides[0] + k2 * a.strides[1] + m0 * ws, ws, m_end - m0,
-                                           xq, xc, xd, xb, t * nk, nk, acc, out[q], m0)
-                            else:
-                                _float_rows(fmt, a, k3, k2, m0, m_end - m0, b[i3, i2, q], out[q])
-                        continue
-                m = m0
-                while m < m_end:
-                    g = ROWS if m + ROWS <= m_end else 1
-                    wo = k3 * a.strides[0] + k2 * a.strides[1] + m * ws
+                # the blocks, a pass of ROWS weight rows over the activation rows (none with fewer than COLS
+                # of them: no pass, nor its prefetching)
+                for m in range(m0, m_blocks if q1 - q0 >= COLS else m0, ROWS):
+                    wo = w0 + m * ws
                     if q0 == 0:
-                        for p in range(wo + PREFETCH, wo + PREFETCH + g * ws, 64):
+                        for p in range(wo + PREFETCH, wo + PREFETCH + ROWS * ws, 64):
                             V.prefetch(a, p)
                     q = q0
                     while q < q1:
-                        t = base + q
-                        if MULTI_ROW:
-                            if (g == ROWS and q + COLS <= q1 and finite[t] and finite[t + 1] and finite[t + 2]
-                                    and finite[t + 3]):
-                                block_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
-                                for r in range(ROWS):
-                                    for c in range(COLS):
-                                        out[q + c, m + r] = acc[r * COLS + c]
-                                q += COLS
-                                continue
-                        orow = out[q]
-                        if not finite[t]:
-                            _float_rows(fmt, a, k3, k2, m, g, b[i3, i2, q], orow)
-                        elif g == ROWS:
-                            rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, t * nk, nk, acc)
+                        if _in_block(finite, base + q, q, q1):
+                            block_dot(fmt, a, wo, ws, xq, xc, xd, xb, (base + q) * nk, nk, acc)
                             for r in range(ROWS):
-                                orow[m + r] = acc[r]
+                                for c in range(COLS):
+                                    out[q + c, m + r] = acc[r * COLS + c]
+                            q += COLS
                         else:
-                            orow[m] = row_dot(fmt, a, wo, xq, xc, xd, xb, t * nk, nk, acc)
-                        q += 1
-                    m += g
+                            q += 1
+                q = q0
+                while q < q1:  # the rest: rows m_blocks.. of the blocks' activation rows, every row of the others
+                    t = base + q
+                    block = m_blocks > m0 and _in_block(finite, t, q, q1)
+                    first = m_blocks if block else m0
+                    for c in range(COLS if block else 1):
+                        if not finite[t + c]:
+                            _float_rows(fmt, a, k3, k2, first, m_end - first, b[i3, i2, q + c], out[q + c])
+                        elif m_end > first:
+                            row_run_of(fmt, a, w0 + first * ws, ws, m_end - first, xq, xc, xd, xb, (t + c) * nk,
+                                       nk, acc, out[q + c], first)
+                    q += COLS if block else 1
+
+
+@njit(inline="always", **_OPTS)
+def _in_block(finite, t, q, q1):
+    """Whether activation rows q..q+COLS (at t..t+COLS) form a block: whole before q1, and finite."""
+    if q + COLS > q1:
+        return False
+    for c in range(COLS):
+        if not finite[t + c]:
+            return False
+    return True
 
 
 def _kernel(mode: str):

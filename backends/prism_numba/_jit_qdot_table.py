@@ -75,59 +75,38 @@ _XS_1, _XS_4 = T.iq4_xs_superblocks(1), T.iq4_xs_superblocks(4)
 
 
 @njit(**_OPTS)
-def _iq4_xs_dots(a, w, xq, xc, xd, xo, nk, cols, acc):
-    """acc[0:cols] = the products of the IQ4_XS weight row at byte w of a with the cols (1 or 4) activation rows
-    at xo + c * nk: per super-block the weight's d times the activations' d times the exact integer sum."""
+def _iq4_xs_dots(a, w, xq, xc, xd, xo, nk, acc):
+    """acc[0:4] = the products of the IQ4_XS weight row at byte w of a with the 4 activation rows at xo + c * nk:
+    per super-block the weight's d times the activations' d times the exact integer sum."""
     s0 = s1 = s2 = s3 = np.float32(0.0)
     for ib in range(nk // 256):
         o = w + ib * _IQ4_XS_BYTES
         xi = xo + 256 * ib
         h = V.half_at(a, o)
-        if cols == 1:
-            s0 += xd[xi // 256] * h * np.float32(_XS_1(a, o, xq, xc, xi, nk))
-            continue
         i0, i1, i2, i3 = _XS_4(a, o, xq, xc, xi, nk)
         s0 += xd[xi // 256] * h * np.float32(i0)
         s1 += xd[(xi + nk) // 256] * h * np.float32(i1)
         s2 += xd[(xi + 2 * nk) // 256] * h * np.float32(i2)
         s3 += xd[(xi + 3 * nk) // 256] * h * np.float32(i3)
-    acc[0] = s0
-    if cols > 1:
-        acc[1], acc[2], acc[3] = s1, s2, s3
+    acc[0], acc[1], acc[2], acc[3] = s0, s1, s2, s3
 
 
-def dots(rows: int, cols: int):
-    """(row_dot, rows_dot, block_dot) of these formats with _jit_qdot's signatures and meaning, for its ROWS
-    weight rows and COLS (4) activation rows per call."""
+def block_dot(rows: int, cols: int):
+    """block_dot of these formats with _jit_qdot's signature and meaning, for its ROWS weight rows and COLS (4)
+    activation rows per call (one activation row's products are runs(rows)'s)."""
     assert cols == 4, "the IQ4_XS form takes four activation rows"
-    walk_1x1, walk_rows, walk_block = (_walk(r, c, _chunks(r, c)) for r, c in ((1, 1), (rows, 1), (rows, cols)))
+    walk_block = _walk(rows, cols, _chunks(rows, cols))
 
     @njit(**_OPTS)
-    def row_dot(fmt, a, wo, xq, xc, xd, xb, xo, nk, acc):
-        if fmt == IQ4_XS:
-            _iq4_xs_dots(a, wo, xq, xc, xd, xo, nk, 1, acc)
-        else:
-            walk_1x1(fmt, a, wo, 0, xq, xc, xd, xb, xo, nk, acc)
-        return acc[0]
-
-    @njit(**_OPTS)
-    def rows_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
-        if fmt == IQ4_XS:
-            for r in range(rows - 1, -1, -1):  # row_dot uses acc[0] as scratch: it is written last
-                acc[r] = row_dot(fmt, a, wo + r * ws, xq, xc, xd, xb, xo, nk, acc)
-        else:
-            walk_rows(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
-
-    @njit(**_OPTS)
-    def block_dot(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
+    def block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
         if fmt == IQ4_XS:
             for r in range(rows - 1, -1, -1):  # the last row first: acc[r * cols:] is written after acc[0:4] is read
-                _iq4_xs_dots(a, wo + r * ws, xq, xc, xd, xo, nk, cols, acc)
+                _iq4_xs_dots(a, wo + r * ws, xq, xc, xd, xo, nk, acc)
                 for c in range(cols):
                     acc[r * cols + c] = acc[c]
         else:
             walk_block(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc)
-    return row_dot, rows_dot, block_dot
+    return block
 
 
 @njit(inline="always", **_OPTS)
@@ -136,12 +115,10 @@ def _iq4_xs_one(a, o, xq, xc, xb, xd, xi, nk):
 
 
 def runs(rows: int) -> dict:
-    """{ggml type id: _jit_qwalk.row_run of it} for these formats, ``rows`` weight rows a pass (the grouping of
-    dots' rows_dot and row_dot, with their arithmetic)."""
-    out = {IQ4_XS: row_run(superblock_rows(_iq4_xs_one, rows, _IQ4_XS_BYTES, AHEAD),
-                           superblock_rows(_iq4_xs_one, 1, _IQ4_XS_BYTES, AHEAD), rows)}
+    """{ggml type id: _jit_qwalk.row_run of it} for these formats, ``rows`` weight rows a pass (the arithmetic of
+    block_dot's products)."""
+    out = {IQ4_XS: row_run(superblock_rows(_iq4_xs_one, rows, _IQ4_XS_BYTES, AHEAD), rows)}
     for fmt, i in ((IQ4_NL, 0), (MXFP4, 2)):
-        walks = (block_walk(r, 1, chunk_pick(*_chunks(r, 1)[i:i + 2]), _block_tail, _block_bytes, inline=True,
-                            ahead=AHEAD) for r in (rows, 1))
-        out[fmt] = row_run(*walks, rows)
+        out[fmt] = row_run(block_walk(rows, 1, chunk_pick(*_chunks(rows, 1)[i:i + 2]), _block_tail, _block_bytes,
+                                      inline=True, ahead=AHEAD), rows)
     return out

@@ -84,45 +84,44 @@ def superblock_rows(one, rows: int, block_bytes: int, ahead: int):
     return walk
 
 
-def row_run(walk_rows, walk_row, rows: int):
+def row_run(walk, rows: int):
     """A function run(fmt, a, wo, ws, g, xq, xc, xd, xb, xo, nk, acc, orow, m): orow[m + r] for r < g = the
-    products of the g weight rows at bytes wo + r * ws of a with the one activation row at xo, ``rows`` at a
-    time by walk_rows (into acc[0:rows]) and the last g % rows by walk_row (into acc[0]), as _jit_qdot's _task
-    groups them (both prefetching the rows PASSES_AHEAD passes ahead); both inlined, so that one call serves a
-    task's rows (a call per row, with the arrays
-    passed and reference-counted, cost as much as the vector code at 2048 values a row). Only one format's
-    code is in the loop."""
+    products of the g weight rows at bytes wo + r * ws of a (rows m.. of their matrix) with the one activation
+    row at xo, ``rows`` at a time by walk (into acc[0:rows], prefetching the rows PASSES_AHEAD passes ahead),
+    inlined, so that one call serves a task's rows (a call per row, with the arrays passed and
+    reference-counted, cost as much as the vector code at 2048 values a row). Only one format's code is in the
+    loop, and one walk: the last g % rows rows are taken in the pass over the ``rows`` rows that ends with them
+    (the rows before them read again, their products the same bits), or where the matrix has fewer rows one
+    at a time, as a pass over the same row ``rows`` times (stride 0). Every product has the arithmetic of a
+    walk of one row: a second, one-row walk per format would cost compile time and gain nothing at run time."""
     @njit(**_OPTS)
     def run(fmt, a, wo, ws, g, xq, xc, xd, xb, xo, nk, acc, orow, m):
         r = 0
         while r < g:
-            o = wo + r * ws
             if r + rows <= g:
-                walk_rows(fmt, a, o, ws, xq, xc, xd, xb, xo, nk, acc)
-                for i in range(rows):
-                    orow[m + r + i] = acc[i]
-                r += rows
+                first, stride, new = r, ws, rows
+            elif m + g >= rows:
+                first, stride, new = g - rows, ws, g - r
             else:
-                walk_row(fmt, a, o, ws, xq, xc, xd, xb, xo, nk, acc)
-                orow[m + r] = acc[0]
-                r += 1
+                first, stride, new = r, 0, 1
+            walk(fmt, a, wo + first * ws, stride, xq, xc, xd, xb, xo, nk, acc)
+            for i in range(new):
+                orow[m + r + i] = acc[r + i - first]
+            r += new
     return run
 
 
 def by_format(table: dict):
     """A function f(fmt, *args) = table[fmt](fmt, *args) (fmt: a ggml type id among the table's keys; the last
-    one for any other): the choice of format made once, outside the functions' loops."""
-    (fmt0, fn0), rest = next(iter(table.items())), dict(list(table.items())[1:])
-    if not rest:
-        @njit(**_OPTS)
-        def last(fmt, *args):
-            return fn0(fmt, *args)
-        return last
-    other = by_format(rest)
+    one for any other): the choice of format made once, outside the functions' loops.
 
-    @njit(**_OPTS)
-    def pick(fmt, *args):
-        if fmt == fmt0:
-            return fn0(fmt, *args)
-        return other(fmt, *args)
-    return pick
+    One function whose branches call every table entry, written out for the table (not a chain of functions
+    that each choose among one entry and the rest): numba optimizes each function's module again with all the
+    code it calls linked in, so a chain of n functions optimized each entry's code up to n times (a chain
+    over _jit_qdot's 13 formats cost 20 s of compile CPU, this one function a fraction of that)."""
+    names = {f"fn{i}": fn for i, fn in enumerate(table.values())}
+    branches = "".join(f"    if fmt == {int(fmt)}:\n        return fn{i}(fmt, *args)\n"
+                       for i, fmt in enumerate(list(table)[:-1]))
+    source = f"def pick(fmt, *args):\n{branches}    return fn{len(table) - 1}(fmt, *args)\n"
+    exec(compile(source, f"<by_format of {len(table)} formats>", "exec"), names)
+    return njit(**_OPTS)(names["pick"])
