@@ -45,7 +45,8 @@ def cdef_from_header() -> str:
 
 def build_jobs() -> int:
     """How many sources to compile at a time: MAX_JOBS when set to a positive number, else the CPUs this
-    process may run on."""
+    process may run on (prism_core.contention.usable_cpus's rule; prism_core is not importable in an isolated
+    build)."""
     value = os.environ.get("MAX_JOBS", "").strip()
     if value.isdigit() and int(value) > 0:
         return int(value)

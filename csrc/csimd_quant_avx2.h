@@ -46,12 +46,6 @@ QATTR static inline float FN(q_hsum256)(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 
-QATTR static inline int32_t FN(q_hsum_epi32)(__m256i v) {
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
-}
-
 QATTR static inline float FN(q_hsum128)(__m128 m) {
     m = _mm_add_ps(m, _mm_movehl_ps(m, m));
     return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));

@@ -54,7 +54,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker per CPU this process may use, and one more where there are several. A dozen tests
     wait on a child (a plugin probe's or a hung worker's time limit, a server's stream): about a minute in all
     while their worker's core would idle; the extra worker fills it."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from prism_core.contention import usable_cpus
+    cpus = usable_cpus()
     return cpus + 1 if cpus > 1 else 1
 
 

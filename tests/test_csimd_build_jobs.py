@@ -4,12 +4,13 @@ them one after another), as many at a time as MAX_JOBS or the CPUs, the first fa
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from prism_core.contention import usable_cpus
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,5 +96,4 @@ def test_max_jobs_sets_the_count(monkeypatch, value, expected):
 def test_without_a_positive_max_jobs_every_cpu_of_the_process(monkeypatch, value):
     script = _script()
     monkeypatch.setenv("MAX_JOBS", value)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert script.build_jobs() == cpus
+    assert script.build_jobs() == usable_cpus()

@@ -69,7 +69,7 @@ def superblock_rows(one, rows: int, block_bytes: int, ahead: int):
     """An inlined walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc) -> acc[r] = the products of the ``rows``
     weight rows at bytes wo + r * ws of a, super-blocks of block_bytes bytes, with the activation row at xo:
     per row the float32 sum, in super-block order, of one(a, o, xq, xc, xb, xd, xi, nk) (a super-block's
-    scaled product), the arithmetic of _jit_qdot's row_dot; with each super-block, the same bytes of the row
+    scaled product), the per-row arithmetic of _jit_qdot's block_dot; with each super-block, the same bytes of the row
     ``ahead`` rows further on prefetched."""
     @njit(inline="always", **_OPTS)
     def walk(fmt, a, wo, ws, xq, xc, xd, xb, xo, nk, acc):
