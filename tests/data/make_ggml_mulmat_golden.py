@@ -103,6 +103,22 @@ def ggml_mul_mat(t: GGMLType, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
         ggml.ggml_free(ctx)
 
 
+def f16_sums_in_half() -> bool:
+    """Whether this ggml build adds F16 products in half precision rather than float32.
+
+    ggml's CPU dot product of two F16 rows (an F16 weight's MUL_MAT, b rounded to F16) multiplies and
+    accumulates in F16 where it was compiled for AVX512-FP16 (ggml-python builds with -march=native, so on
+    Sapphire Rapids and later) or ARM's FP16 vector arithmetic, and in float32 everywhere else, which is
+    what Prism's backends do. The probe: 2048 + 1 in one accumulator lane (elements 0 and 128) is 2049 in
+    float32 and 2048 in F16 (spacing 2 there, the tie rounding to even)."""
+    k = 256
+    w, x = np.zeros((1, k), np.float16), np.zeros((1, k), np.float32)
+    w[0, 0], x[0, 0], w[0, 128], x[0, 128] = 2048, 1, 1, 1
+    y = float(ggml_mul_mat(GGMLType.F16, w, x)[0, 0])
+    assert y in (2048.0, 2049.0), y
+    return y == 2048.0
+
+
 def main() -> None:
     w, xs = data()
     types = formats()
