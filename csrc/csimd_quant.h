@@ -144,14 +144,14 @@ static void q_quant_q8_0(const float *x, uint8_t *y, int with_sum, int ref) {
     int sum = 0;
     if (ref) /* two loops, not a choice per element: each vectorises */
         for (int j = 0; j < 32; j++) {
-            const int q = q_round_away(x[j] * id);
-            qs[j] = (int8_t)q;
-            sum += q;
+            const int8_t q = (int8_t)q_round_away(x[j] * id);
+            qs[j] = q;
+            sum += q; /* the stored byte, as ggml sums them (a NaN's INT_MIN stores 0) */
         }
     else
         for (int j = 0; j < 32; j++) {
-            const int q = q_nearest_int(x[j] * id);
-            qs[j] = (int8_t)q;
+            const int8_t q = (int8_t)q_nearest_int(x[j] * id);
+            qs[j] = q;
             sum += q;
         }
     q_put_f16(y, d);
@@ -691,7 +691,7 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const floa
     }
     if (max_min > 0) {
         const float iscale = 15.f / max_min;
-        for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)(q_nearest_int(iscale * mins[j]) << 4);
+        for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)((unsigned)q_nearest_int(iscale * mins[j]) << 4);  /* NaN: a negative int */
         q_put_f16(y + 82, max_min / 15.f);
     }
     q_q2k_requant_pack(x, y, L);

@@ -1,7 +1,7 @@
 """csimd modules built apart from the installed one (sanitized; without OpenMP, in a wheel), each built once per
 test run.
 
-A build takes 30-45 s of CPU and several tests load the same one, in whichever pytest-xdist worker they land:
+A build takes 35-45 s of CPU and several tests load the same one, in whichever pytest-xdist worker they land:
 the first to ask builds it into a folder all workers of the run share, the others wait on a lock and load it."""
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def test_sanitized_build_quantizes_clean(tmp_path_factory):
     with -fsanitize=address,undefined: equal to ggml and no sanitizer report. The quantizers are plain C
     (csimd_quant.h) with x86 vector copies of a few (csimd_quantize_x86.h, on the AVX2 and AVX-512 paths): CI
     runs the CPU's default path, PRISM_FULL_SWEEP=1 every path the CPU runs (about 17 s more each). The build
-    (about 45 s of CPU) is shared with test_csimd_backend.py's sanitizer run."""
+    (about 37 s of CPU) is shared with test_csimd_backend.py's sanitizer run."""
     from test_csimd_backend import RUN_DIR, _cpu_isas, _env, _need_available
     _need_available()
     lib, rt = sanitized_build(tmp_path_factory)
