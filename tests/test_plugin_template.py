@@ -167,10 +167,17 @@ def test_template_own_tests_and_the_shipped_suite_pass(installed):
 
 
 def test_run_alongside_the_built_in_backends(template, capsys):
-    assert cli(["conformance", "--backend", "all", "--op", "ADD", "--op", "MUL_MAT", "--op", "SQRT"]) == 0
+    rc = cli(["conformance", "--backend", "all", "--op", "ADD", "--op", "MUL_MAT", "--op", "SQRT"])
     lines = capsys.readouterr().out.splitlines()
     lines = lines[next(i for i, ln in enumerate(lines) if ln.startswith("op ")):]  # the table, after the streamed rows
     header = lines[0].split()
     assert "template" in header and "numpy" in header
-    rows = {ln.split()[0]: ln for ln in lines[2:5]}
-    assert "unsupported" in rows["SQRT"] and "FAIL" not in "".join(lines)
+    cells = {ln.split()[0]: dict(zip(header[1:], re.split(r"\s{2,}", ln.strip())[1:])) for ln in lines[2:5]}
+    assert "unsupported" in cells["SQRT"]["template"] and cells["ADD"]["template"].startswith("ok")
+    failing = {(op, name) for op, row in cells.items() for name, cell in row.items() if "FAIL" in cell}
+    # the one failure allowed: a ggml build that sums F16 products in half precision (docs/backends/ggml.md)
+    if "ggml" in header:
+        from data.make_ggml_mulmat_golden import f16_sums_in_half
+    half_sums = "ggml" in header and f16_sums_in_half()
+    assert failing == ({("MUL_MAT", "ggml")} if half_sums else set()), cells
+    assert rc == (1 if failing else 0)
