@@ -1,50 +1,73 @@
 """llama.cpp's tokenizer test suite, from the llama-cpp-python 0.3.36 source distribution.
 
-The sdist (77 MB) is downloaded once with pip into ``$PRISM_CACHE`` (default ``~/.cache/prism``),
-outside the repository, and the files the tests read are unpacked next to it:
+The sdist (77 MB) is downloaded once from pip's package index (its simple page, PEP 503; the file's sha256
+checked) into ``$PRISM_CACHE`` (default ``~/.cache/prism``), outside the repository, and the files the tests
+read are unpacked next to it:
 ``vendor/llama.cpp/models/ggml-vocab-*.gguf`` with their ``.inp``/``.out`` test files.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urljoin
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 PREFIX = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
-# what pip prints when the package index cannot be reached at all (as opposed to any other failure)
-_UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name resolution",
-                "Name or service not known", "Network is unreachable", "Connection refused", "ConnectTimeout",
-                "Read timed out", "No route to host", "ProxyError", "Failed to establish a new connection")
-
 
 class RegistryUnreachable(RuntimeError):
     """The package index could not be reached: the only reason the peer suite may skip."""
 
 
-def _index_unreachable() -> str | None:
-    """Why pip's index cannot be reached (None when it answers at all, even with an HTTP error)."""
+def _index_url() -> str:
+    """pip's index: $PIP_INDEX_URL, else pip's configured global.index-url, else PyPI."""
     url = os.environ.get("PIP_INDEX_URL")
     if not url:
         r = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
                            capture_output=True, text=True)
         url = r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else "https://pypi.org/simple"
+    return url.rstrip("/")
+
+
+def _download(dest: Path) -> None:
+    """The sdist from the index's simple page into dest, its sha256 checked. Not ``pip download``: for an sdist
+    pip first builds the package's metadata in an isolated environment (scikit-build-core, cmake), 25 s of CPU.
+    Raises RegistryUnreachable when the index cannot be reached; any other failure raises RuntimeError."""
+    page_url = f"{_index_url()}/{PACKAGE}/"
     try:
-        urllib.request.urlopen(url.rstrip("/") + f"/{PACKAGE}/", timeout=20).close()
-    except urllib.error.HTTPError:
-        return None  # it answered
+        with urllib.request.urlopen(page_url, timeout=60) as r:
+            page, base = r.read().decode("utf-8", "replace"), r.geturl()
+        link = re.search(r'href="([^"]*' + re.escape(SDIST) + r'(?:#[^"]*)?)"', page)
+        if link is None:
+            raise RuntimeError(f"{page_url} lists no {SDIST}")
+        url, _, fragment = urljoin(base, link.group(1).replace("&amp;", "&")).partition("#")
+        part = dest.with_name(dest.name + ".part")
+        digest = hashlib.sha256()
+        with urllib.request.urlopen(url, timeout=60) as r, open(part, "wb") as f:
+            while chunk := r.read(1 << 20):
+                digest.update(chunk)
+                f.write(chunk)
+    except urllib.error.HTTPError as e:  # the index answered: not a reason to skip
+        raise RuntimeError(f"downloading {SDIST} from {page_url}: {e}") from e
     except (urllib.error.URLError, OSError) as e:
-        return f"{url}: {getattr(e, 'reason', e)}"
-    return None
+        raise RegistryUnreachable(f"the package index could not be reached for {PACKAGE}=={VERSION} "
+                                  f"({page_url}: {getattr(e, 'reason', e)})") from e
+    want = dict(kv.split("=", 1) for kv in fragment.split("&") if "=" in kv).get("sha256")
+    if want and digest.hexdigest() != want:
+        part.unlink()
+        raise RuntimeError(f"{url}: sha256 {digest.hexdigest()}, the index says {want}")
+    part.replace(dest)
 
 
 def cache_dir() -> Path:
@@ -62,7 +85,7 @@ def _wanted(name: str) -> bool:
 
 def llama_cpp_dir() -> Path:
     """The unpacked vendor/llama.cpp directory (models/ and src/), fetching the sdist on first use.
-    Raises RegistryUnreachable when pip cannot reach the index; any other failure raises RuntimeError."""
+    Raises RegistryUnreachable when the index cannot be reached; any other failure raises RuntimeError."""
     root = cache_dir()
     done = root / "unpacked.ok"
     out = root / "llama.cpp"
@@ -75,15 +98,7 @@ def llama_cpp_dir() -> Path:
             return out
         sdist = root / SDIST
         if not sdist.exists():
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                                f"{PACKAGE}=={VERSION}", "-d", str(root)], capture_output=True, text=True)
-            if r.returncode != 0 or not sdist.exists():
-                log = (r.stdout + r.stderr)[-3000:]
-                unreachable = _index_unreachable()
-                if unreachable or any(m in log for m in _UNREACHABLE):
-                    raise RegistryUnreachable(f"pip could not reach the package index for {PACKAGE}=={VERSION} "
-                                              f"({unreachable or log.strip().splitlines()[-1]})")
-                raise RuntimeError(f"pip download {PACKAGE}=={VERSION} failed (rc {r.returncode}):\n{log}")
+            _download(sdist)
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if m.isfile() and _wanted(m.name)]
             if not any(m.name.endswith(".gguf.inp") for m in members):
