@@ -691,7 +691,8 @@ __attribute__((optimize("fp-contract=off"))) static void q_quant_q2_k(const floa
     }
     if (max_min > 0) {
         const float iscale = 15.f / max_min;
-        for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)((unsigned)q_nearest_int(iscale * mins[j]) << 4);  /* NaN: a negative int */
+        /* through unsigned: a NaN's nearest int is negative, and shifting it left is undefined */
+        for (int j = 0; j < 16; j++) sc[j] |= (uint8_t)((unsigned)q_nearest_int(iscale * mins[j]) << 4);
         q_put_f16(y + 82, max_min / 15.f);
     }
     q_q2k_requant_pack(x, y, L);

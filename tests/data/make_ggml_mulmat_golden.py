@@ -17,6 +17,7 @@ runtime dependency); provenance in tests/data/README.md.
 from __future__ import annotations
 
 import ctypes
+import functools
 from importlib.metadata import version
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def ggml_mul_mat(t: GGMLType, blocks: np.ndarray, x: np.ndarray) -> np.ndarray:
         ggml.ggml_free(ctx)
 
 
+@functools.cache  # one ggml build per process: probed once, asked by several tests
 def f16_sums_in_half() -> bool:
     """Whether this ggml build adds F16 products in half precision rather than float32.
 
